@@ -1,0 +1,67 @@
+"""Turn the GPU suite's records (JSON lines) into results JSON and a Markdown table.
+
+python3 bench/gpu_report.py RECORDS.jsonl OUT_PREFIX     # writes OUT_PREFIX.json and OUT_PREFIX.md
+"""
+
+import json
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "viztracer")
+COLUMNS = ("test", "outcome", "wall_s", "time_to_first_step_s", "median_step_ms", "peak_mem_mb")
+
+
+def gpus() -> list[str]:
+    query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+    return subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip().splitlines()
+
+
+def merge(records: list[dict]) -> list[dict]:
+    """One row per test: its measurements and its pytest outcome."""
+    rows: dict[str, dict] = {}
+    for record in records:
+        rows.setdefault(record["test"], {}).update(record)
+    return list(rows.values())
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# GPU suite, {result['date']}",
+        "",
+        f"Hardware: {'; '.join(result['gpus'])}. Python {result['python']}. "
+        + ", ".join(f"{name} {version}" for name, version in result["versions"].items())
+        + ".",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    for row in result["tests"]:
+        lines.append("| " + " | ".join(str(row.get(column, "")) for column in COLUMNS) + " |")
+    lines += ["", "Other facts each test recorded:", ""]
+    for row in result["tests"]:
+        extra = {k: v for k, v in row.items() if k not in (*COLUMNS, "losses", "returncode")}
+        if extra:
+            lines.append(f"- `{row['test']}`: {json.dumps(extra, default=str)}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    records_path, prefix = Path(sys.argv[1]), sys.argv[2]
+    records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+    result = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpus": gpus(),
+        "python": platform.python_version(),
+        "versions": {name: metadata.version(name) for name in PACKAGES},
+        "tests": merge(records),
+    }
+    Path(f"{prefix}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    Path(f"{prefix}.md").write_text(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Run the GPU suite (pytest -m gpu) on a machine with 2+ GPUs and the pinned stack, and write its results.
+#
+#   bash bench/run_gpu_suite.sh RESULTS_DIR [PYTEST_ARGS ...]     (default PYTEST_ARGS: tests/gpu)
+#
+# Writes RESULTS_DIR/gpu-suite.{json,md,log}. Knobs: PYTHON (python3), NSYS (nsys binary for the --nsys test).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+results=${1:?usage: bench/run_gpu_suite.sh RESULTS_DIR [PYTEST_ARGS ...]}
+shift
+PYTHON=${PYTHON:-python3}
+export PYTHON NSYS=${NSYS:-nsys}
+[ $# -gt 0 ] || set -- tests/gpu
+mkdir -p "$results"
+records="$results/gpu-suite.jsonl"
+rm -f "$records"
+
+PYTHON="$PYTHON" bash "$root/tools/fix_dataset_helpers.sh"
+cd "$root"
+status=0
+GPU_RESULTS="$records" "$PYTHON" -m pytest -m gpu -o addopts="" -p no:cacheprovider -v "$@" \
+  2>&1 | tee "$results/gpu-suite.log" || status=$?
+"$PYTHON" bench/gpu_report.py "$records" "$results/gpu-suite"
+exit "$status"

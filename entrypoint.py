@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Run one rank of a Megatron Bridge pretraining job: load a recipe, apply NAME=VALUE overrides, check, train.
+
+    python3 entrypoint.py RECIPE.py [NAME=VALUE ...]                 train (srun.sh starts one per GPU)
+    python3 entrypoint.py RECIPE.py [NAME=VALUE ...] --print-config  print the resolved config as YAML, and exit
+    python3 entrypoint.py RECIPE.py [NAME=VALUE ...] --check [--world-size N]
+                                                                      validate, print `profile_ranks=...`, and exit
+
+A NAME that is a parameter of the recipe's configure() is passed to it (hf_path=..., use_megatron_fsdp=true);
+every other NAME=VALUE overrides the returned ConfigContainer (train.train_iters=1000). Values use Hydra's grammar.
+Bad input is one line on stderr and exit status 2, before distributed init or any GPU work.
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
+
+# Megatron's import-time log handlers bind to sys.stdout; keep stdout for what we print (YAML, profile_ranks=).
+with redirect_stdout(sys.stderr):
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    import viztracer_plugin
+    from launcher import checks, outputs, overrides
+    from launcher.errors import UsageError
+    from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
+
+# What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
+RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see entrypoint.py --help)")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = Parser(prog="entrypoint.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", type=Path, help="recipe file whose configure() returns a ConfigContainer")
+    parser.add_argument("assignments", nargs="*", metavar="NAME=VALUE", help="configure() argument or config override")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    mode.add_argument("--check", action="store_true", help="validate, print profile_ranks=..., and exit")
+    parser.add_argument("--world-size", type=int, help="ranks the job will have (default: $WORLD_SIZE)")
+    return parser.parse_intermixed_args(argv)
+
+
+def load_recipe(path: Path) -> ModuleType:
+    if not path.is_file():
+        raise UsageError(f"recipe {str(path)!r} not found: pass a recipe file, e.g. recipes/tiny_gpt_pretrain.py")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"recipe {str(path)!r} is not readable: check its permissions")
+    spec = importlib.util.spec_from_file_location(f"recipe_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"recipe {str(path)!r} is not a Python file: recipes are .py files defining configure()")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except (SyntaxError, ImportError) as error:
+        raise UsageError(f"recipe {str(path)!r} failed to import: {type(error).__name__}: {error}") from None
+    if not callable(getattr(module, "configure", None)):
+        raise UsageError(f"recipe {str(path)!r} has no configure() function: define configure(**kwargs) -> config")
+    return module
+
+
+def build_config(recipe: ModuleType, kwargs: dict[str, object]) -> ConfigContainer:
+    try:
+        cfg = recipe.configure(**kwargs)
+    except RECIPE_ERRORS as error:
+        name, message = Path(recipe.__file__).name, overrides.first_line(error)
+        raise UsageError(f"recipe {name}: configure() failed: {type(error).__name__}: {message}") from None
+    if not isinstance(cfg, ConfigContainer):
+        name, kind = Path(recipe.__file__).name, type(cfg).__name__
+        raise UsageError(f"recipe {name}: configure() returned {kind}, not a ConfigContainer")
+    viztracer_plugin.add_viztracer_field(cfg)
+    return cfg
+
+
+def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object]]:
+    """Recipe + arguments -> checked config, and what the arguments set in it. No distributed init, no GPU."""
+    recipe = load_recipe(args.recipe)
+    parsed = overrides.parse(args.assignments)
+    kwargs, config_overrides = overrides.split_for_configure(recipe.configure, parsed)
+    cfg = build_config(recipe, kwargs)
+    outputs.place_outputs(cfg, outputs.run_dir(args.recipe))
+    applied = {**kwargs, **overrides.apply(cfg, config_overrides)}
+    world_size = args.world_size or (int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None)
+    checks.check_config(cfg, world_size)
+    return cfg, applied
+
+
+def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object]) -> None:
+    set_cuda_device_max_connections(cfg)
+    disable_missing_gradient_accumulation_fusion(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        run_dir = outputs.run_dir(recipe)
+        outputs.save_run_record(cfg, run_dir)
+        for key, value in applied.items():
+            print(f"entrypoint.py: {key} = {value!r}", flush=True)
+        print(f"entrypoint.py: outputs in {run_dir}", flush=True)
+    viztracer_plugin.install()
+    pretrain(cfg, forward_step_func=forward_step)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parse_args(argv)
+        cfg, applied = resolve(args)
+    except UsageError as error:
+        print(f"entrypoint.py: error: {error}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(outputs.config_yaml(cfg), end="")
+    elif args.check:
+        world_size = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+        print("profile_ranks=" + ",".join(str(rank) for rank in checks.profiled_ranks(cfg, world_size)))
+    else:
+        train(cfg, args.recipe, applied)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""The Python half of the launcher: what entrypoint.py does before it hands a config to Megatron Bridge."""

@@ -1,0 +1,201 @@
+"""NAME=VALUE arguments: routed to the recipe's configure() or applied to its ConfigContainer, checked on the way.
+
+Hydra owns the grammar (typed values, lists, null, quoting); Megatron Bridge's omegaconf_utils owns applying the
+result. What we add is refusing what those two would accept silently: unknown keys, values of the wrong type, keys
+given twice, sweeps, and `+`/`~` edits of dataclass fields that Megatron Bridge would drop.
+"""
+
+import dataclasses
+import difflib
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException
+from megatron.bridge.training.config import ConfigContainer
+from megatron.bridge.training.utils import omegaconf_utils
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from launcher.errors import UsageError
+
+
+def parse(arguments: list[str]) -> list[Override]:
+    """Parse NAME=VALUE arguments with Hydra's override grammar; refuse duplicates and sweeps."""
+    parser = OverridesParser.create()
+    parsed: list[Override] = []
+    seen: set[str] = set()
+    for argument in arguments:
+        try:
+            (override,) = parser.parse_overrides([argument])
+        except HydraException as error:
+            raise UsageError(
+                f"malformed argument {argument!r}: expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000 "
+                f"({first_line(error)})"
+            ) from None
+        if override.is_sweep_override():
+            raise UsageError(f"{argument!r} is a Hydra sweep, which a launch cannot run: write a list as NAME=[a,b]")
+        if override.key_or_group in seen:
+            raise UsageError(f"{override.key_or_group!r} is given twice: keep one NAME=VALUE per key")
+        seen.add(override.key_or_group)
+        parsed.append(override)
+    return parsed
+
+
+def first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def split_for_configure(
+    configure: Callable[..., ConfigContainer], overrides: list[Override]
+) -> tuple[dict[str, Any], list[Override]]:
+    """Overrides named like a configure() parameter become its keyword arguments; the rest edit the config."""
+    parameters = inspect.signature(configure).parameters
+    kwargs: dict[str, Any] = {}
+    config_overrides: list[Override] = []
+    for override in overrides:
+        name = override.key_or_group
+        if name in parameters and not (override.is_add() or override.is_force_add() or override.is_delete()):
+            value = override.value()
+            annotation = parameters[name].annotation
+            if annotation is not inspect.Parameter.empty and not matches_type(value, annotation):
+                given = f"{name}={override.get_value_string()}"
+                raise UsageError(f"{given} has the wrong type: configure() takes {type_name(annotation)}")
+            kwargs[name] = value
+        else:
+            config_overrides.append(override)
+    return kwargs, config_overrides
+
+
+def apply(cfg: ConfigContainer, overrides: list[Override]) -> dict[str, Any]:
+    """Apply config overrides to cfg in place, after checking every key and value against the dataclasses.
+
+    Returns each overridden key with the value it now has, for the log.
+    """
+    if not overrides:
+        return {}
+    tree, excluded = omegaconf_utils.create_omegaconf_dict_config(cfg)
+    for override in overrides:
+        check_key(cfg, tree, override)
+    try:
+        tree = omegaconf_utils.parse_hydra_overrides(tree, [o.input_line for o in overrides])
+    except omegaconf_utils.OverridesError as error:
+        raise UsageError(first_line(error.__cause__ or error)) from None
+    for override in overrides:
+        if not override.is_delete():
+            check_value(cfg, tree, override)
+    omegaconf_utils.apply_overrides(cfg, OmegaConf.to_container(tree, resolve=True), excluded)
+    return {o.key_or_group: selected(tree, o.key_or_group) for o in overrides if not o.is_delete()}
+
+
+def selected(tree: DictConfig, key: str) -> Any:
+    value = OmegaConf.select(tree, key)
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def check_key(cfg: ConfigContainer, tree: DictConfig, override: Override) -> None:
+    key = override.key_or_group
+    parts = key.split(".")
+    node: Any = tree
+    for depth, part in enumerate(parts):
+        is_last = depth == len(parts) - 1
+        if node is None:
+            parent = ".".join(parts[:depth])
+            raise UsageError(f"cannot set {key!r}: {parent!r} is null in this recipe; set it in the recipe first")
+        if not isinstance(node, DictConfig):
+            raise UsageError(f"cannot set {key!r}: {'.'.join(parts[:depth])!r} is a value, not a section")
+        if part not in node:
+            if is_last and (override.is_add() or override.is_force_add()) and not is_dataclass_at(cfg, parts[:-1]):
+                return
+            raise UsageError(unknown_key_message(key, parts[:depth], part, list(node.keys()), override))
+        node = node[part]
+    if override.is_delete() and is_dataclass_at(cfg, parts[:-1]):
+        raise UsageError(f"'~{key}' would delete a config field, which Megatron Bridge ignores: set {key}=null instead")
+
+
+def unknown_key_message(key: str, parents: list[str], part: str, siblings: list[str], override: Override) -> str:
+    prefix = ".".join(parents)
+    if override.is_add() or override.is_force_add():
+        return (
+            f"'+{key}' adds a key the config does not have, and Megatron Bridge would drop it silently: "
+            "use an existing key, without '+'"
+        )
+    close = difflib.get_close_matches(part, [str(s) for s in siblings], n=1, cutoff=0.6)
+    hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
+    where = f"{prefix!r} has no key {part!r}" if prefix else f"the config has no section {part!r}"
+    return f"unknown config key {key!r} ({where}){hint}"
+
+
+def object_at(cfg: ConfigContainer, parts: list[str]) -> Any:
+    node: Any = cfg
+    for part in parts:
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def is_dataclass_at(cfg: ConfigContainer, parts: list[str]) -> bool:
+    return dataclasses.is_dataclass(object_at(cfg, parts))
+
+
+def check_value(cfg: ConfigContainer, tree: DictConfig, override: Override) -> None:
+    parts = override.key_or_group.split(".")
+    parent = object_at(cfg, parts[:-1])
+    if not dataclasses.is_dataclass(parent):
+        return
+    annotation = field_types(type(parent)).get(parts[-1])
+    value = selected(tree, override.key_or_group)
+    if annotation is not None and not matches_type(value, annotation):
+        raise UsageError(
+            f"{override.key_or_group}={override.get_value_string()} has the wrong type: "
+            f"{type(parent).__name__}.{parts[-1]} takes {type_name(annotation)}"
+        )
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass; a field whose annotation cannot be resolved is left unchecked."""
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError):
+        return {}
+
+
+def matches_type(value: Any, annotation: Any) -> bool:
+    """Whether a parsed override value can be stored in a field annotated so (lenient where unsure)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any or isinstance(annotation, typing.TypeVar):
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(matches_type(value, arg) for arg in args)
+    if annotation is type(None) or annotation is None:
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple):
+        return isinstance(value, (list, tuple)) and (
+            not args or args[-1] is Ellipsis or all(matches_type(v, args[0]) for v in value)
+        )
+    if origin is dict or annotation is dict:
+        return isinstance(value, dict)
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation in (str, Path, torch.dtype):
+        return isinstance(value, str)
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return value in annotation.__members__ or value in {m.value for m in annotation}
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return isinstance(value, dict) or value is None
+    return True
+
+
+def type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")

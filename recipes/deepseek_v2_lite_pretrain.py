@@ -1,0 +1,42 @@
+"""DeepSeek-V2-Lite (16B MoE, 2.4B active) pretraining on 8-GPU nodes, mock data.
+
+salloc -N 2 ./srun.sh recipes/deepseek_v2_lite_pretrain.py hf_path=/fsx/models/deepseek-ai/DeepSeek-V2-Lite
+"""
+
+from megatron.bridge.recipes.deepseek.deepseek_v2 import deepseek_v2_lite_pretrain_config
+from megatron.bridge.training.config import ConfigContainer
+
+from recipes.shared import apply_switches, from_hf
+
+HUB_ID = "deepseek-ai/DeepSeek-V2-Lite"
+
+
+def configure(
+    hf_path: str | None = None,
+    moe_token_dispatcher_type: str | None = None,
+    use_megatron_fsdp: bool = False,
+) -> ConfigContainer:
+    cfg = from_hf(deepseek_v2_lite_pretrain_config, HUB_ID, hf_path)
+
+    # Parallelism: one TP shard per GPU of a node; EP=2 splits the 64 routed experts over 2 ranks.
+    cfg.model.tensor_model_parallel_size = 8
+    cfg.model.pipeline_model_parallel_size = 1
+    cfg.model.expert_model_parallel_size = 2
+    cfg.model.sequence_parallel = True
+
+    # Training
+    cfg.model.seq_length = 4096
+    cfg.dataset.seq_length = 4096
+    cfg.train.train_iters = 500
+    cfg.train.global_batch_size = 64
+    cfg.train.micro_batch_size = 1
+    cfg.validation.eval_interval = 100
+    cfg.scheduler.lr_warmup_iters = 50
+
+    # MoE
+    cfg.model.moe_permute_fusion = False
+
+    # Checkpoint: none.
+    cfg.checkpoint.save_interval = 0
+
+    return apply_switches(cfg, moe_token_dispatcher_type=moe_token_dispatcher_type, use_megatron_fsdp=use_megatron_fsdp)

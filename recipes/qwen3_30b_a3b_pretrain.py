@@ -1,0 +1,39 @@
+"""Qwen3-30B-A3B (MoE, 3B active) pretraining on 2 nodes of 8 GPUs, mock data.
+
+salloc -N 2 ./srun.sh recipes/qwen3_30b_a3b_pretrain.py hf_path=/fsx/models/Qwen/Qwen3-30B-A3B
+"""
+
+from megatron.bridge.recipes.qwen.h100.qwen3_moe import qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config
+from megatron.bridge.training.config import ConfigContainer
+
+from recipes.shared import apply_switches, from_hf
+
+HUB_ID = "Qwen/Qwen3-30B-A3B"
+
+
+def configure(
+    hf_path: str | None = None,
+    moe_token_dispatcher_type: str | None = None,
+    use_megatron_fsdp: bool = False,
+) -> ConfigContainer:
+    cfg = from_hf(qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, HUB_ID, hf_path)
+
+    # Parallelism (upstream's 8-GPU layout): TP=4 with sequence parallel, PP=2, EP=4 over the 128 experts.
+    cfg.model.tensor_model_parallel_size = 4
+    cfg.model.pipeline_model_parallel_size = 2
+    cfg.model.expert_model_parallel_size = 4
+    cfg.model.sequence_parallel = True
+
+    # Training
+    cfg.model.seq_length = 4096
+    cfg.dataset.seq_length = 4096
+    cfg.train.train_iters = 500
+    cfg.train.global_batch_size = 128
+    cfg.train.micro_batch_size = 1
+    cfg.validation.eval_interval = 100
+    cfg.scheduler.lr_warmup_iters = 50
+
+    # Checkpoint: none.
+    cfg.checkpoint.save_interval = 0
+
+    return apply_switches(cfg, moe_token_dispatcher_type=moe_token_dispatcher_type, use_megatron_fsdp=use_megatron_fsdp)

@@ -1,0 +1,63 @@
+"""Shared fixtures: the repository, a CLI runner for entrypoint.py, and tiny Hugging Face model folders."""
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # entrypoint, viztracer_plugin, launcher and recipes import as the launcher sees them
+
+from tests import hf_models  # noqa: E402
+
+RECIPES = sorted(p for p in (REPO / "recipes").glob("*_pretrain.py"))
+
+
+@pytest.fixture
+def output_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every run output of the test lands in its own temp dir."""
+    root = tmp_path / "outputs"
+    monkeypatch.setenv("OUTPUT_ROOT", str(root))
+    monkeypatch.setenv("RUN_ID", "test-run")
+    monkeypatch.delenv("VIZTRACER_OUTPUT_DIR", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """hf_dir('deepseek_v2') -> a folder with that shape's config.json (made once per session)."""
+    made: dict[str, Path] = {}
+
+    def make(shape: str) -> Path:
+        if shape not in made:
+            made[shape] = hf_models.write(shape, tmp_path_factory.mktemp(shape))
+        return made[shape]
+
+    return make
+
+
+@pytest.fixture
+def run_entrypoint(output_root: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run entrypoint.py as srun.sh does, in a subprocess; returns the completed process (text, captured)."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(REPO / "entrypoint.py"), *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+            timeout=300,
+        )
+
+    return run
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of stderr that entrypoint.py wrote itself (Megatron's import-time warnings filtered out)."""
+    return [line for line in stderr.splitlines() if line.startswith("entrypoint.py:")]

@@ -1,0 +1,138 @@
+"""Training really starts through the launcher: `srun.sh --local` on 2 GPUs, one python per GPU (issue 4)."""
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests import hf_models
+from tests.gpu.conftest import Run, tail
+
+pytestmark = pytest.mark.gpu
+
+TINY = "tiny_gpt_pretrain.py"
+DSV2_LITE = "deepseek_v2_lite_pretrain.py"
+# The shipped recipe is TP8 for 8-GPU nodes; on 2 GPUs the same model runs TP1 with EP2 over both ranks.
+DSV2_ON_TWO_GPUS = (
+    "model.tensor_model_parallel_size=1",
+    "model.sequence_parallel=false",
+    "model.expert_model_parallel_size=2",
+    "moe_token_dispatcher_type=alltoall",
+    "model.seq_length=1024",
+    "dataset.seq_length=1024",
+    "train.global_batch_size=8",
+    "logger.log_interval=1",
+)
+WINDOW = ("profiling.profile_step_start=10", "profiling.profile_step_end=15")
+TRACE_STEP = re.compile(r"^train_step \(.*megatron/bridge/training/train\.py:\d+\)$")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(launch) -> Run:
+    """One tiny run serves two tests: its loss curve, and the overrides it was given."""
+    return launch(TINY, "train.train_iters=30", "model.num_layers=3", "profiling.profile_ranks=[1]")
+
+
+def test_tiny_recipe_trains_on_two_ranks_with_falling_loss(tiny_run: Run, record):
+    run = tiny_run
+    record(run)
+    assert run.returncode == 0, tail(run)
+    losses = [run.losses[i] for i in sorted(run.losses)]
+    assert len(losses) == 30
+    assert all(math.isfinite(loss) for loss in losses)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0, losses
+
+
+def test_deepseek_v2_lite_shape_from_local_config_trains_with_ep2_alltoall(launch, record, tmp_path: Path):
+    hf_path = hf_models.write("deepseek_v2", tmp_path / "deepseek_v2_config_only")
+    run = launch(DSV2_LITE, f"hf_path={hf_path}", *DSV2_ON_TWO_GPUS, "train.train_iters=10")
+    record(run, hf_path="config.json only (4 layers, hidden 512, MLA, 16 routed + 2 shared experts, top-4)")
+    assert run.returncode == 0, tail(run)
+    assert len(run.losses) == 10
+    assert all(math.isfinite(loss) for loss in run.losses.values())
+    assert "moe_token_dispatcher_type = 'alltoall'" in run.log
+
+
+def test_weights_in_hf_path_give_the_hf_models_own_first_loss(launch, record, tmp_path: Path):
+    """The constant-prediction checkpoint has the same loss on every token, so HF's loss on any tokens is the loss
+    Megatron must report at iteration 1 if, and only if, it loaded the weights (random init gives about log V)."""
+    hf_path = hf_models.write("deepseek_v2", tmp_path / "deepseek_v2_weights", weights="constant")
+    tokens = torch.arange(1, 1025).unsqueeze(0)  # the mock data's pattern: 1, 2, 3, ... then end-of-document
+    expected = hf_models.hf_loss(hf_path, tokens)
+    run = launch(DSV2_LITE, f"hf_path={hf_path}", *DSV2_ON_TWO_GPUS, "train.train_iters=2")
+    tolerance = 0.02
+    record(run, hf_first_loss=expected, tolerance=tolerance, random_init_loss_about=math.log(32000))
+    assert run.returncode == 0, tail(run)
+    assert abs(run.losses[1] - expected) < tolerance, (run.losses[1], expected)
+    assert abs(run.losses[1] - math.log(32000)) > 10 * tolerance
+
+
+def test_overrides_reach_the_saved_config_and_the_log(tiny_run: Run):
+    run = tiny_run
+    assert run.returncode == 0, tail(run)
+    config = yaml.safe_load((run.run_dir / "config.yaml").read_text())
+    assert config["train"]["train_iters"] == 30
+    assert config["model"]["num_layers"] == 3
+    assert config["profiling"]["profile_ranks"] == [1]
+    assert "entrypoint.py: model.num_layers = 3" in run.log
+    assert "entrypoint.py: profiling.profile_ranks = [1]" in run.log
+    assert "entrypoint.py: train.train_iters = 30" in run.log
+    assert sorted(run.losses) == list(range(1, 31))
+    launch_record = json.loads((run.run_dir / "launch.json").read_text())
+    assert launch_record["environment"]["WORLD_SIZE"] == "2"
+
+
+def test_viztracer_traces_exactly_the_window_on_rank_0_and_every_rank_exits_0(launch, record):
+    run = launch(TINY, "train.train_iters=25", "profiling.use_viztracer=true", *WINDOW, "profiling.profile_ranks=[0]")
+    traces = sorted((run.run_dir / "viztracer").glob("*.json"))
+    events = json.loads(traces[0].read_text())["traceEvents"] if traces else []
+    steps = [e for e in events if e.get("ph") == "X" and TRACE_STEP.match(e["name"])]
+    after_window = run.step_ms.get(16)
+    record(
+        run,
+        traces=[t.name for t in traces],
+        trace_mb=round(traces[0].stat().st_size / 1e6, 1) if traces else None,
+        traced_train_steps=len(steps),
+        step_16_ms=after_window,
+    )
+    assert run.returncode == 0, tail(run)
+    assert [t.name for t in traces] == ["trace_rank0.json"]
+    assert len(steps) == 5  # profile_step_start=10..end=15: steps 11 to 15
+    combined = run.run_dir / "combined.json"
+    subprocess.run([sys.executable, "-m", "viztracer", "--combine", str(traces[0]), "-o", str(combined)], check=True)
+    assert combined.stat().st_size > 0
+
+
+def nsys_binary() -> str:
+    nsys = os.environ.get("NSYS") or shutil.which("nsys")
+    if not nsys:
+        pytest.fail("no nsys: set NSYS to the nsys binary")
+    return nsys
+
+
+def test_nsys_captures_the_window_on_exactly_the_profiled_rank(launch, record, tmp_path: Path):
+    nsys_binary()
+    run = launch(TINY, "train.train_iters=20", *WINDOW, "profiling.profile_ranks=[1]", options=("--nsys",))
+    nsys_dir = run.run_dir.parents[2] / "nsys-megatron" if run.run_dir else tmp_path
+    lines = run.log.splitlines()
+    started = [i for i, line in enumerate(lines) if "Capture range started in the application" in line]
+    ended = [i for i, line in enumerate(lines) if "Capture range ended in the application" in line]
+    reports = sorted(p.name for p in nsys_dir.rglob("profile-*"))
+    record(run, capture_started_lines=len(started), capture_ended_lines=len(ended), reports=reports)
+    assert run.returncode == 0, tail(run)
+    assert len(started) == 1 and len(ended) == 1
+    assert lines[started[0]].startswith("1:") and lines[ended[0]].startswith("1:")
+    iteration_line = {
+        int(m.group(1)): i for i, line in enumerate(lines) if (m := re.search(r"iteration\s+(\d+)/", line))
+    }
+    assert iteration_line[10] < started[0] < iteration_line[12]
+    assert iteration_line[15] < ended[0]
+    assert reports and all("rank1" in name for name in reports)

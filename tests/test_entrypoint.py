@@ -1,0 +1,287 @@
+"""entrypoint.py against the real megatron-bridge, omegaconf and hydra, on CPU: routing, overrides, checks, outputs."""
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+import entrypoint
+from launcher.errors import UsageError
+from launcher.run_env import set_cuda_device_max_connections
+from tests.conftest import REPO, error_lines
+
+TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+
+
+def resolve(*argv: str):
+    cfg, _ = entrypoint.resolve(entrypoint.parse_args(list(argv)))
+    return cfg
+
+
+def write_recipe(directory: Path, body: str) -> str:
+    path = directory / "user_recipe.py"
+    path.write_text(body)
+    return str(path)
+
+
+PROBE_RECIPE = """
+import json
+from pathlib import Path
+
+from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
+
+def configure(layers: int = 2, note: str = "", flag: bool = False, ranks: list[int] | None = None, missing=None):
+    seen = dict(layers=layers, note=note, flag=flag, ranks=ranks, missing=missing)
+    Path(__file__).with_suffix(".seen.json").write_text(json.dumps(seen))
+    cfg = vanilla_gpt_pretrain_config()
+    cfg.model.num_layers = layers
+    return cfg
+"""
+
+
+def test_configure_parameters_get_typed_values_and_the_rest_override_the_config(tmp_path: Path, output_root: Path):
+    recipe = write_recipe(tmp_path, PROBE_RECIPE)
+    cfg = resolve(
+        recipe,
+        "layers=6",
+        "note='a b $x'",
+        "flag=true",
+        "ranks=[0,3]",
+        "missing=null",
+        "train.train_iters=7",
+        "model.hidden_size=256",
+        "profiling.profile_ranks=[1,2]",
+        "checkpoint.save=null",
+    )
+    seen = json.loads((tmp_path / "user_recipe.seen.json").read_text())
+    assert seen == {"layers": 6, "note": "a b $x", "flag": True, "ranks": [0, 3], "missing": None}
+    assert cfg.model.num_layers == 6
+    assert cfg.train.train_iters == 7
+    assert cfg.model.hidden_size == 256
+    assert cfg.profiling.profile_ranks == [1, 2]
+    assert cfg.checkpoint.save is None
+
+
+def test_float_and_dtype_overrides_keep_their_types(output_root: Path):
+    cfg = resolve(TINY, "optimizer.lr=1e-4", "optimizer.main_grads_dtype=bf16", "model.num_layers=2")
+    assert cfg.optimizer.lr == pytest.approx(1e-4)
+    assert str(cfg.optimizer.main_grads_dtype) == "torch.bfloat16"
+    assert cfg.model.num_layers == 2
+
+
+def test_env_vars_dict_accepts_added_keys(output_root: Path):
+    cfg = resolve(TINY, "+env_vars.NCCL_DEBUG=INFO")
+    assert cfg.env_vars["NCCL_DEBUG"] == "INFO"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["model.tensor_model_paralel_size=2"],
+            "unknown config key 'model.tensor_model_paralel_size' ('model' has no key 'tensor_model_paralel_size'); "
+            "did you mean 'model.tensor_model_parallel_size'?",
+        ),
+        (
+            ["trian.train_iters=5"],
+            "unknown config key 'trian.train_iters' (the config has no section 'trian'); did you",
+        ),
+        (["model.tensor_model_parallel_size=abc"], "model.tensor_model_parallel_size=abc has the wrong type: "),
+        (["train.train_iters=1.5"], "train.train_iters=1.5 has the wrong type: TrainingConfig.train_iters takes"),
+        (["model.sequence_parallel=3"], "has the wrong type"),
+        (["+model.not_a_field=1"], "'+model.not_a_field' adds a key the config does not have"),
+        (["~model.num_layers"], "'~model.num_layers' would delete a config field"),
+        (["train.train_iters=5", "train.train_iters=6"], "'train.train_iters' is given twice"),
+        (["profiling.profile_ranks=0,1"], "is a Hydra sweep"),
+        (["justaword"], "malformed argument 'justaword': expected NAME=VALUE"),
+        (["train.train_iters=[1"], "malformed argument 'train.train_iters=[1'"),
+        (["use_megatron_fsdp=maybe"], "use_megatron_fsdp=maybe has the wrong type: configure() takes bool"),
+        (["train.train_iters.deeper=1"], "cannot set 'train.train_iters.deeper': 'train.train_iters' is a value"),
+        (["comm_overlap.tp_comm_overlap=true"], "cannot set 'comm_overlap.tp_comm_overlap': 'comm_overlap' is null"),
+        (
+            [
+                "profiling.use_viztracer=true",
+                "profiling.profile_step_start=90",
+                "profiling.profile_step_end=120",
+            ],
+            "profiling window profile_step_start=90..profile_step_end=120 is outside train.train_iters=100",
+        ),
+        (
+            ["profiling.use_nsys_profiler=true", "profiling.profile_step_start=5", "profiling.profile_step_end=5"],
+            "profiling window profile_step_start=5..profile_step_end=5 is outside",
+        ),
+        (
+            ["profiling.use_viztracer=true", "profiling.use_nsys_profiler=true"],
+            "profiling.use_nsys_profiler and profiling.use_viztracer are all on: enable one profiler per run",
+        ),
+        (
+            ["use_megatron_fsdp=true", "checkpoint.ckpt_format=torch_dist"],
+            "Megatron FSDP saves and loads only checkpoint.ckpt_format=fsdp_dtensor",
+        ),
+        (["use_megatron_fsdp=true", "dist.use_torch_fsdp2=true"], "Megatron FSDP and torch FSDP2 exclude each other"),
+        (["use_megatron_fsdp=true", "dist.use_tp_pp_dp_mapping=true"], "does not support dist.use_tp_pp_dp_mapping"),
+        (["ddp.use_megatron_fsdp=true"], "dist.use_megatron_fsdp and ddp.use_megatron_fsdp differ"),
+        (
+            ["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2"],
+            "model.cpu_offloading needs model.pipeline_model_parallel_size=1",
+        ),
+        (
+            ["model.cpu_offloading=true", "model.recompute_granularity=full"],
+            "model.cpu_offloading excludes activation recompute",
+        ),
+    ],
+)
+def test_bad_override_is_refused_with_the_fix(output_root: Path, arguments: list[str], message: str):
+    with pytest.raises(UsageError) as raised:
+        resolve(TINY, *arguments)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "arguments", "message"),
+    [
+        (6, ["model.tensor_model_parallel_size=4"], "6 ranks do not divide into TP*PP*CP = 4*1*1"),
+        (4, ["train.global_batch_size=30"], "train.global_batch_size=30 is not a multiple of micro_batch_size"),
+        (
+            2,
+            ["profiling.use_nsys_profiler=true", "profiling.profile_ranks=[0,5]"],
+            "profiling.profile_ranks=[0, 5] names ranks outside 0..1",
+        ),
+    ],
+)
+def test_rank_arithmetic_is_checked_before_launch(output_root: Path, world_size: int, arguments, message):
+    with pytest.raises(UsageError, match=message.replace("*", r"\*").replace("[", r"\[").replace("]", r"\]")):
+        resolve(TINY, "--world-size", str(world_size), *arguments)
+
+
+def test_moe_expert_parallel_must_divide_the_ranks(output_root: Path, hf_dir: Callable[[str], Path]):
+    recipe = str(REPO / "recipes" / "deepseek_v2_lite_pretrain.py")
+    with pytest.raises(UsageError, match=r"12 ranks do not divide into TP\*PP\*CP = 8\*1\*1"):
+        resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "--world-size", "12")
+    with pytest.raises(UsageError, match=r"8 ranks do not divide into EP\*ETP\*PP = 2\*8\*1"):
+        resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "--world-size", "8")
+
+
+@pytest.mark.parametrize(
+    ("recipe_body", "message"),
+    [
+        ("x = 1\n", "has no configure() function: define configure(**kwargs)"),
+        ("def configure(:\n", "failed to import: SyntaxError"),
+        ("import no_such_module_xyz\n", "failed to import: ModuleNotFoundError"),
+        ("def configure():\n    raise ValueError('bad hf')\n", "configure() failed: ValueError: bad hf"),
+        ("def configure():\n    return 42\n", "configure() returned int, not a ConfigContainer"),
+    ],
+)
+def test_broken_recipe_is_refused_in_one_line(tmp_path: Path, run_entrypoint, recipe_body: str, message: str):
+    recipe = write_recipe(tmp_path, recipe_body)
+    result = run_entrypoint(recipe, "--check")
+    assert result.returncode == 2
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1
+    assert message in lines[0]
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["no/such/recipe.py"], "recipe 'no/such/recipe.py' not found: pass a recipe file"),
+        ([TINY, "--bogus"], "unrecognized arguments: --bogus"),
+        ([TINY, "-x=1"], "unrecognized arguments: -x=1"),
+        ([], "the following arguments are required: recipe"),
+    ],
+)
+def test_command_line_errors_are_one_line_and_exit_2(run_entrypoint, arguments: list[str], message: str):
+    result = run_entrypoint(*arguments)
+    assert result.returncode == 2
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1
+    assert message in lines[0]
+
+
+def test_unreadable_recipe_is_refused(tmp_path: Path, output_root: Path):
+    recipe = Path(write_recipe(tmp_path, PROBE_RECIPE))
+    recipe.chmod(0)
+    try:
+        if os.access(recipe, os.R_OK):
+            pytest.xfail("running as root: every file is readable, so this check cannot trigger")
+        with pytest.raises(UsageError, match="is not readable"):
+            resolve(str(recipe))
+    finally:
+        recipe.chmod(0o644)
+
+
+def test_print_config_prints_the_resolved_config_as_yaml(run_entrypoint):
+    result = run_entrypoint(TINY, "train.train_iters=42", "model.num_layers=3", "--print-config")
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    assert config["train"]["train_iters"] == 42
+    assert config["model"]["num_layers"] == 3
+    assert config["profiling"]["use_viztracer"] is False
+
+
+def test_check_prints_the_profiled_ranks_for_the_launcher(run_entrypoint):
+    result = run_entrypoint(TINY, "profiling.profile_ranks=[0,3]", "--check", "--world-size", "4")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "profile_ranks=0,3"
+    every = run_entrypoint(TINY, "profiling.profile_ranks=[]", "--check", "--world-size", "4")
+    assert every.stdout.splitlines()[-1] == "profile_ranks=0,1,2,3"
+
+
+def test_outputs_go_to_a_directory_of_this_run(output_root: Path, hf_dir: Callable[[str], Path]):
+    recipe = str(REPO / "recipes" / "deepseek_v2_lite_pretrain.py")
+    cfg = resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}")
+    run_dir = output_root / "deepseek_v2_lite_pretrain" / "test-run"
+    assert cfg.checkpoint.save == str(run_dir / "checkpoints")
+    assert cfg.checkpoint.load == str(run_dir / "checkpoints")  # upstream loads from its shared default
+    assert cfg.logger.tensorboard_dir == str(run_dir / "tb_logs")
+    assert os.environ["VIZTRACER_OUTPUT_DIR"] == str(run_dir / "viztracer")
+
+
+def test_two_jobs_get_different_checkpoint_directories(output_root: Path, monkeypatch: pytest.MonkeyPatch):
+    first = resolve(TINY).checkpoint.save
+    monkeypatch.setenv("RUN_ID", "another-job")
+    second = resolve(TINY).checkpoint.save
+    assert first != second
+    assert second.endswith("another-job/checkpoints")
+
+
+def test_explicit_checkpoint_path_is_kept(output_root: Path, tmp_path: Path):
+    cfg = resolve(TINY, f"checkpoint.save={tmp_path}/ckpt")
+    assert cfg.checkpoint.save == f"{tmp_path}/ckpt"
+
+
+def test_rank_0_saves_config_and_launch_environment(output_root: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    monkeypatch.setenv("HF_TOKEN", "secret-value")
+    cfg = resolve(TINY, "train.train_iters=9")
+    run_dir = output_root / "tiny_gpt_pretrain" / "test-run"
+    entrypoint.outputs.save_run_record(cfg, run_dir)
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["train_iters"] == 9
+    record = json.loads((run_dir / "launch.json").read_text())
+    assert record["environment"]["NCCL_DEBUG"] == "WARN"
+    assert "HF_TOKEN" not in record["environment"]
+    assert record["versions"]["megatron-bridge"] == "0.6.2"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "before", "after"),
+    [
+        (["use_megatron_fsdp=true"], "1", "8"),
+        (["use_megatron_fsdp=true"], None, None),
+        (["model.tensor_model_parallel_size=2"], None, "1"),
+        (["model.tensor_model_parallel_size=2"], "4", "4"),
+        ([], None, None),
+    ],
+)
+def test_cuda_device_max_connections_suits_the_job(output_root: Path, monkeypatch, arguments, before, after):
+    if before is None:
+        monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", before)
+    set_cuda_device_max_connections(resolve(TINY, *arguments))
+    assert os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == after

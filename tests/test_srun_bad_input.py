@@ -1,0 +1,197 @@
+"""Nothing starts wrong: every bad input to srun.sh gives one line on stderr that names the problem and the fix, a
+non-zero exit, and starts nothing (no rank, and inside a real SLURM allocation no job step either)."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_cluster import REPO, SrunWorld
+
+pytest_plugins = ["tests.slurm_cluster"]
+
+NOT_IN_ALLOCATION = "srun.sh: not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run\n"
+
+
+@dataclasses.dataclass
+class Case:
+    args: list[str]
+    says: list[str]  # fragments of the one stderr line: the problem and the fix
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    in_allocation: bool = False  # run under salloc on the test SLURM, and check that no job step ran
+    status: int = 2
+    checked: bool = False  # the entrypoint pre-flight ran (and failed or was rejected): no rank did
+
+
+def image_env(world: Path, **extra: str) -> dict[str, str]:
+    """A container-mode setup that is valid apart from what `extra` breaks."""
+    return {"SQSH": "image.sqsh", "MOUNT": f"{world}:/workspace/megatron", **extra}
+
+
+def cases(world: Path) -> dict[str, Case]:
+    local = ["--local", "recipe.py"]
+    return {
+        "unknown option": Case(
+            ["--bogus", "recipe.py"], ["unknown option --bogus", "the options are --nsys"], in_allocation=True
+        ),
+        "unknown short option": Case(["-x", "recipe.py"], ["unknown option -x", "--help"]),
+        "option after recipe": Case(
+            ["recipe.py", "a=1", "--nsys"],
+            ["option --nsys comes after the recipe", "./srun.sh --nsys recipe.py"],
+            in_allocation=True,
+        ),
+        "help after recipe": Case([*local, "--help"], ["option --help comes after the recipe", "put it first"]),
+        "missing recipe": Case([], ["no recipe given", "usage is ./srun.sh [options] RECIPE.py"]),
+        "only options": Case(["--local", "--nsys"], ["no recipe given"]),
+        "recipe not found": Case(
+            ["--no-container", "missing.py"],
+            ["recipe missing.py is not a readable file", "check the path"],
+            in_allocation=True,
+        ),
+        "recipe is a directory": Case(["--local", "records"], ["recipe records is not a readable file"]),
+        "recipe is a dangling link": Case(["--local", "dangling.py"], ["recipe dangling.py is not a readable file"]),
+        "image missing": Case(
+            ["recipe.py"],
+            ["image SQSH=/nonexistent/megatron.sqsh does not exist", "make build"],
+            env=image_env(world, SQSH="/nonexistent/megatron.sqsh"),
+            in_allocation=True,
+        ),
+        "not in an allocation": Case(["--no-container", "recipe.py"], [NOT_IN_ALLOCATION.strip()]),
+        "not in an allocation, container": Case(["recipe.py"], [NOT_IN_ALLOCATION.strip()], env=image_env(world)),
+        "gpus per node not a number": Case(
+            ["--no-container", "recipe.py"],
+            ["GPUS_PER_NODE=abc is not a positive integer", "GPUS_PER_NODE=8"],
+            env={"GPUS_PER_NODE": "abc"},
+            in_allocation=True,
+        ),
+        "gpus per node zero": Case(local, ["GPUS_PER_NODE=0 is not a positive integer"], env={"GPUS_PER_NODE": "0"}),
+        "gpus per node negative": Case(local, ["GPUS_PER_NODE=-1 is not a positive"], env={"GPUS_PER_NODE": "-1"}),
+        "gpus per node with space": Case(local, ["GPUS_PER_NODE=2\\  is not a positive"], env={"GPUS_PER_NODE": "2 "}),
+        "more gpus than visible": Case(
+            local,
+            ["GPUS_PER_NODE=8 but this host shows 2 GPU(s)", "lower GPUS_PER_NODE"],
+            env={"GPUS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1"},
+        ),
+        "no gpu visible": Case(
+            local, ["--local found no GPU", "set CUDA_VISIBLE_DEVICES"], env={"CUDA_VISIBLE_DEVICES": ""}
+        ),
+        "mount without colon": Case(
+            ["--dry-run", "recipe.py"],
+            ["MOUNT entry nocolon is not SRC:DST", "fix MOUNT"],
+            env=image_env(world, MOUNT="nocolon"),
+        ),
+        "mount with relative target": Case(
+            ["--dry-run", "recipe.py"],
+            ["is not SRC:DST[:FLAGS] with an absolute DST"],
+            env=image_env(world, MOUNT=f"{world}:workspace"),
+        ),
+        "mount with too many fields": Case(
+            ["--dry-run", "recipe.py"], ["is not SRC:DST[:FLAGS]"], env=image_env(world, MOUNT=f"{world}:/w:ro:x")
+        ),
+        "mount only commas": Case(
+            ["--dry-run", "recipe.py"], ["MOUNT entry '' is not SRC:DST", "fix MOUNT"], env=image_env(world, MOUNT=",")
+        ),
+        "mount source missing": Case(
+            ["recipe.py"],
+            ["MOUNT source /nonexistent/data does not exist on this host", "create it or drop it from MOUNT"],
+            env=image_env(world, MOUNT=f"/nonexistent/data:/data,{world}:/w"),
+            in_allocation=True,
+        ),
+        "recipe outside every mount": Case(
+            ["--dry-run", "recipe.py"],
+            ["outside every MOUNT source", "add its directory to MOUNT"],
+            env=image_env(world, MOUNT=f"{REPO}:/workspace/megatron"),
+        ),
+        "nsys not installed": Case(
+            ["--nsys", "--no-container", "recipe.py"],
+            ["--nsys needs nsys, but NSYS=/nonexistent/nsys is not found", "set NSYS="],
+            env={"NSYS": "/nonexistent/nsys"},
+            in_allocation=True,
+        ),
+        "nsys not on PATH": Case(
+            ["--nsys", *local],
+            ["NSYS=no-such-nsys-binary is not found", "install Nsight"],
+            env={"NSYS": "no-such-nsys-binary"},
+        ),
+        "python missing": Case(
+            ["--no-container", "recipe.py"],
+            ["PYTHON=/nonexistent/python is not found"],
+            env={"PYTHON": "/nonexistent/python"},
+            in_allocation=True,
+        ),
+        "master port out of range": Case(
+            local, ["MASTER_PORT=70000 is not a port number", "1-65535"], env={"MASTER_PORT": "70000"}
+        ),
+        "srun mpi with a space": Case(
+            ["--no-container", "recipe.py"],
+            ["is not an MPI plugin name", "--mpi=list"],
+            env={"SRUN_MPI": "pmix --oops"},
+            in_allocation=True,
+        ),
+        "dry run still validates knobs": Case(
+            ["--dry-run", "--no-container", "recipe.py"],
+            ["GPUS_PER_NODE=x is not a positive integer"],
+            env={"GPUS_PER_NODE": "x"},
+        ),
+        "pre-flight fails": Case(
+            ["--no-container", "recipe.py", "train.train_iters=abc"],
+            ["entrypoint.py: fake pre-flight failure (status 3)"],
+            env={"FAKE_CHECK_EXIT": "3"},
+            in_allocation=True,
+            status=3,
+            checked=True,
+        ),
+        "pre-flight fails, local": Case(
+            [*local, "x=1"],
+            ["fake pre-flight failure (status 4)"],
+            env={"FAKE_CHECK_EXIT": "4"},
+            status=4,
+            checked=True,
+        ),
+        "pre-flight without profile ranks": Case(
+            local,
+            ["did not end its output with profile_ranks=", "is entrypoint.py from this checkout?"],
+            env={"FAKE_PROFILE_RANKS": "omit"},
+            checked=True,
+        ),
+        "pre-flight with bad profile ranks": Case(
+            local,
+            ["printed profile_ranks=0\\,x", "not profile_ranks=R[,R...]"],
+            env={"FAKE_PROFILE_RANKS": "0,x"},
+            checked=True,
+        ),
+        "internal mode outside a task": Case(
+            ["--rank-exec", "python3"], ["--rank-exec is srun.sh's own mode", "run ./srun.sh RECIPE.py instead"]
+        ),
+    }
+
+
+CASE_IDS = list(cases(Path("/")))
+
+
+@pytest.mark.parametrize("name", CASE_IDS)
+def test_bad_input_gives_one_line_error_and_starts_nothing(name: str, request: pytest.FixtureRequest):
+    case = cases(Path("/"))[name]
+    world: SrunWorld = request.getfixturevalue("slurm_world" if case.in_allocation else "srun_world")
+    case = cases(world.dir)[name]
+    (world.dir / "image.sqsh").write_bytes(b"")
+    (world.dir / "dangling.py").symlink_to(world.dir / "gone.py")
+
+    if case.in_allocation:
+        result, steps = world.in_allocation(*case.args, env=case.env)
+        assert steps == 0, "srun.sh started a job step"
+    else:
+        result = world.srun_sh(*case.args, env=case.env)
+
+    assert result.returncode == case.status
+    assert result.stderr.count("\n") == 1 and result.stderr.endswith("\n"), result.stderr
+    for fragment in case.says:
+        assert fragment in result.stderr
+    assert result.stdout == ""
+    assert world.records() == {}
+    assert all(call["check"] for call in world.calls())
+    assert bool(world.calls()) == case.checked
+
+
+def test_table_has_at_least_thirty_cases():
+    assert len(CASE_IDS) >= 30

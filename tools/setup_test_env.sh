@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Create the test environment in .venv: Python 3.12 with the pinned stack of versions.txt, the test tools, and the
+# Debian packages the tests start for real (SLURM and munge). Idempotent; `make test` runs it when versions change.
+#
+# Knobs:
+#   PYTHON312     a Python 3.12 interpreter (default: python3.12 on PATH)
+#   TE_WHEEL_DIR  prebuilt transformer_engine_torch wheels (default: ../shared/device/wheels when present; without
+#                 one, the extension is built from source: ~12 min on 2 cores, needs nvcc)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$root/.venv"
+PYTHON312=${PYTHON312:-$(command -v python3.12 || true)}
+default_wheels="$root/../shared/device/wheels"
+[ -d "$default_wheels" ] || default_wheels=""
+export TE_WHEEL_DIR=${TE_WHEEL_DIR:-$default_wheels}
+
+die() {
+  echo "setup_test_env.sh: $*" >&2
+  exit 1
+}
+
+install_system_packages() {
+  local missing=()
+  command -v slurmctld >/dev/null || missing+=(slurm-wlm)
+  command -v munged >/dev/null || missing+=(munge)
+  command -v make >/dev/null || missing+=(make)
+  [ ${#missing[@]} -eq 0 ] && return
+  [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}: run as root, or install them with: sudo apt-get install ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+create_venv() {
+  [ -n "$PYTHON312" ] || die "python3.12 not found: install Python 3.12 (megatron-bridge 0.6 needs it) or set PYTHON312"
+  [ -x "$venv/bin/python" ] || "$PYTHON312" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+}
+
+# TE and torch dlopen the CUDA runtime and NCCL of the nvidia pip packages by soname; on a machine without a CUDA
+# driver nothing else puts them on the loader path, so the venv's activate script does.
+add_library_path_to_activate() {
+  local site marker="# added by setup_test_env.sh"
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  grep -qF "$marker" "$venv/bin/activate" && return
+  # shellcheck disable=SC2016  # the last expansion is for activate to do, at activation time
+  printf '%s\nexport LD_LIBRARY_PATH="%s/nvidia/cu13/lib:%s/nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' \
+    "$marker" "$site" "$site" >>"$venv/bin/activate"
+}
+
+main() {
+  install_system_packages
+  create_venv
+  PYTHON="$venv/bin/python" bash "$root/tools/install_python_stack.sh" --with-test-tools
+  add_library_path_to_activate
+  touch "$venv/.installed"
+}
+
+main "$@"

@@ -1,0 +1,146 @@
+"""`profiling.use_viztracer=true`: VizTracer as a third profiler beside Megatron Bridge's nsys and PyTorch profilers.
+
+It traces the Python of the steps `profiling.profile_step_start` to `profiling.profile_step_end` on the ranks of
+`profiling.profile_ranks` (empty: all ranks), one JSON trace per rank and run in `$VIZTRACER_OUTPUT_DIR`.
+
+This is the one module that patches Megatron Bridge. It wraps, in megatron-bridge 0.6.2,
+`megatron.bridge.training.train.handle_profiling_step` and `handle_profiling_stop` (names train.py imports from
+`megatron.bridge.training.profiling`); tests/test_viztracer_plugin.py fails if upstream renames or re-signs them.
+"""
+
+import atexit
+import os
+import signal
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import megatron.bridge.training.train as upstream_train
+from megatron.bridge.training.config import ConfigContainer, ProfilingConfig
+from viztracer import VizTracer
+
+PATCHED = ("handle_profiling_step", "handle_profiling_stop")
+
+
+@dataclass(kw_only=True)
+class VizTracerProfilingConfig(ProfilingConfig):
+    """Megatron Bridge's ProfilingConfig plus `use_viztracer`, a real field so OmegaConf accepts the override."""
+
+    use_viztracer: bool = False
+    """Trace Python with VizTracer over the profiling window (exclusive with the nsys and PyTorch profilers)."""
+
+    def finalize(self) -> None:
+        super().finalize()
+        if self.use_viztracer and (self.use_nsys_profiler or self.use_pytorch_profiler):
+            raise ValueError(
+                "profiling.use_viztracer cannot run with profiling.use_nsys_profiler or profiling.use_pytorch_profiler:"
+                " enable one profiler per run"
+            )
+
+
+def add_viztracer_field(cfg: ConfigContainer) -> None:
+    """Give cfg.profiling the use_viztracer field, keeping every value the recipe set."""
+    profiling = cfg.profiling if cfg.profiling is not None else ProfilingConfig()
+    if isinstance(profiling, VizTracerProfilingConfig):
+        return
+    values = {f.name: getattr(profiling, f.name) for f in fields(profiling) if f.init}
+    cfg.profiling = VizTracerProfilingConfig(**values)
+
+
+def trace_path(rank: int) -> Path:
+    run_id = os.environ.get("RUN_ID", f"pid{os.getpid()}")
+    directory = Path(os.environ.get("VIZTRACER_OUTPUT_DIR", Path("viztracer_output") / run_id))
+    return directory / f"trace_rank{rank}.json"
+
+
+class WindowTracer:
+    """One VizTracer over one profiling window of this process, saved without stalling the other ranks."""
+
+    def __init__(self) -> None:
+        self.tracer: VizTracer | None = None
+        self.path: Path | None = None
+        self.writer_pid: int | None = None
+
+    def start(self, rank: int) -> None:
+        self.path = trace_path(rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # register_global=False: VizTracer would otherwise keep a global reference alive into interpreter shutdown.
+        self.tracer = VizTracer(
+            output_file=str(self.path),
+            log_torch=os.environ.get("VIZTRACER_LOG_TORCH", "0") == "1",
+            register_global=False,
+            verbose=0,
+        )
+        self.tracer.start()
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self.save_then_terminate)
+
+    def stop(self) -> None:
+        """End the window; write the trace in a forked child so this rank goes straight on to the next step."""
+        if self.tracer is None:
+            return
+        self.tracer.stop()
+        pid = os.fork()
+        if pid == 0:
+            self.tracer.save()
+            os._exit(0)
+        self.writer_pid = pid
+        self.release()
+
+    def flush(self) -> None:
+        """Save a window that training left open (an exception or exit inside it), and wait for the writer."""
+        if self.tracer is not None:
+            self.tracer.stop()
+            self.tracer.save()
+            self.release()
+        if self.writer_pid is not None:
+            os.waitpid(self.writer_pid, 0)
+            self.writer_pid = None
+
+    def release(self) -> None:
+        # Drop the torch profiler VizTracer holds with log_torch: destroyed during interpreter shutdown, after CUDA
+        # is torn down, it crashes the process (seen with the seed's plugin on 0.6.2).
+        self.tracer.torch_profile = None
+        self.tracer.clear()
+        self.tracer = None
+
+    def save_then_terminate(self, signum: int, frame: FrameType | None) -> None:
+        self.flush()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+WINDOW = WindowTracer()
+
+
+def wants_viztracer(config: Any, rank: int) -> bool:
+    if not getattr(config, "use_viztracer", False):
+        return False
+    return not config.profile_ranks or rank in config.profile_ranks
+
+
+def install() -> None:
+    """Wrap Megatron Bridge's per-step profiling hooks so they also drive VizTracer. Idempotent."""
+    step_hook, stop_hook = (getattr(upstream_train, name) for name in PATCHED)
+    if getattr(step_hook, "__wrapped__", None) is not None:
+        return
+
+    def handle_profiling_step(config: Any, iteration: int, rank: int, pytorch_prof: Any) -> Any:
+        nvtx_context = step_hook(config, iteration, rank, pytorch_prof)
+        if wants_viztracer(config, rank) and iteration == config.profile_step_start:
+            WINDOW.start(rank)
+        return nvtx_context
+
+    def handle_profiling_stop(
+        config: Any, iteration: int, rank: int, pytorch_prof: Any, nsys_nvtx_context: Any = None
+    ) -> None:
+        stop_hook(config, iteration, rank, pytorch_prof, nsys_nvtx_context)
+        if wants_viztracer(config, rank) and iteration == config.profile_step_end:
+            WINDOW.stop()
+
+    handle_profiling_step.__wrapped__ = step_hook
+    handle_profiling_stop.__wrapped__ = stop_hook
+    upstream_train.handle_profiling_step = handle_profiling_step
+    upstream_train.handle_profiling_stop = handle_profiling_stop
+    atexit.register(WINDOW.flush)
