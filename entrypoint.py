@@ -108,6 +108,7 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object]) -> Non
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
     pretrain(cfg, forward_step_func=forward_step)
+    viztracer_plugin.exit_traced_process(0)
 
 
 def main(argv: list[str]) -> int:

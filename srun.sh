@@ -445,6 +445,7 @@ launch_local() {
   rank_command 0 0 "${HOSTS[0]}" "${BASE_CMD[@]}"
   quoted "${RANK_CMD[@]}" >&2
 
+  ((USE_NSYS)) && mkdir -p -- "$NSYS_OUTPUT_DIR/$RUN_ID"
   RANK_PIDS=()
   local -A rank_of=()
   trap 'stop_ranks; exit 130' INT

@@ -11,6 +11,7 @@ This is the one module that patches Megatron Bridge. It wraps, in megatron-bridg
 import atexit
 import os
 import signal
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import FrameType
@@ -61,6 +62,7 @@ class WindowTracer:
         self.tracer: VizTracer | None = None
         self.path: Path | None = None
         self.writer_pid: int | None = None
+        self.used = False
 
     def start(self, rank: int) -> None:
         self.path = trace_path(rank)
@@ -73,6 +75,7 @@ class WindowTracer:
             verbose=0,
         )
         self.tracer.start()
+        self.used = True
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self.save_then_terminate)
 
@@ -114,10 +117,32 @@ class WindowTracer:
 WINDOW = WindowTracer()
 
 
-def wants_viztracer(config: Any, rank: int) -> bool:
-    if not getattr(config, "use_viztracer", False):
+def active_profilers(config: Any) -> list[str]:
+    names = {"use_nsys_profiler": "nsys", "use_pytorch_profiler": "pytorch", "use_viztracer": "viztracer"}
+    return [name for flag, name in names.items() if getattr(config, flag, False)]
+
+
+def profiled(config: Any, rank: int) -> bool:
+    """Whether this rank profiles at all (Megatron Bridge reads an empty profile_ranks as every rank)."""
+    if config is None or not active_profilers(config):
         return False
     return not config.profile_ranks or rank in config.profile_ranks
+
+
+def announce(config: Any, rank: int, event: str) -> None:
+    """One log line where the window really opens or closes, so a user can match a report to its steps."""
+    print(f"[profiling] rank {rank}: {'+'.join(active_profilers(config))} window {event}", flush=True)
+
+
+def exit_traced_process(status: int) -> None:
+    """End a process that ran VizTracer: every atexit handler runs (trace writer joined, logs flushed), then the
+    process leaves without CPython's object teardown, in which VizTracer 1.1.1's C tracer crashes the interpreter
+    (exit 139 after a complete run: seen with the seed's plugin and with this one on megatron-bridge 0.6.2)."""
+    if WINDOW.used:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def install() -> None:
@@ -128,16 +153,20 @@ def install() -> None:
 
     def handle_profiling_step(config: Any, iteration: int, rank: int, pytorch_prof: Any) -> Any:
         nvtx_context = step_hook(config, iteration, rank, pytorch_prof)
-        if wants_viztracer(config, rank) and iteration == config.profile_step_start:
-            WINDOW.start(rank)
+        if iteration == getattr(config, "profile_step_start", None) and profiled(config, rank):
+            if getattr(config, "use_viztracer", False):
+                WINDOW.start(rank)
+            announce(config, rank, f"opens before step {iteration + 1}")
         return nvtx_context
 
     def handle_profiling_stop(
         config: Any, iteration: int, rank: int, pytorch_prof: Any, nsys_nvtx_context: Any = None
     ) -> None:
         stop_hook(config, iteration, rank, pytorch_prof, nsys_nvtx_context)
-        if wants_viztracer(config, rank) and iteration == config.profile_step_end:
-            WINDOW.stop()
+        if iteration == getattr(config, "profile_step_end", None) and profiled(config, rank):
+            if getattr(config, "use_viztracer", False):
+                WINDOW.stop()
+            announce(config, rank, f"closes after step {iteration}")
 
     handle_profiling_step.__wrapped__ = step_hook
     handle_profiling_stop.__wrapped__ = stop_hook

@@ -61,18 +61,34 @@ def test_deepseek_v2_lite_shape_from_local_config_trains_with_ep2_alltoall(launc
     assert "moe_token_dispatcher_type = 'alltoall'" in run.log
 
 
-def test_weights_in_hf_path_give_the_hf_models_own_first_loss(launch, record, tmp_path: Path):
+def first_loss_check(launch, record, shape: str, recipe: str, hf_path: Path, *overrides: str) -> None:
     """The constant-prediction checkpoint has the same loss on every token, so HF's loss on any tokens is the loss
     Megatron must report at iteration 1 if, and only if, it loaded the weights (random init gives about log V)."""
-    hf_path = hf_models.write("deepseek_v2", tmp_path / "deepseek_v2_weights", weights="constant")
     tokens = torch.arange(1, 1025).unsqueeze(0)  # the mock data's pattern: 1, 2, 3, ... then end-of-document
     expected = hf_models.hf_loss(hf_path, tokens)
-    run = launch(DSV2_LITE, f"hf_path={hf_path}", *DSV2_ON_TWO_GPUS, "train.train_iters=2")
+    run = launch(recipe, f"hf_path={hf_path}", *overrides, "train.train_iters=2")
     tolerance = 0.02
-    record(run, hf_first_loss=expected, tolerance=tolerance, random_init_loss_about=math.log(32000))
+    record(run, shape=shape, hf_first_loss=expected, tolerance=tolerance, random_init_loss_about=math.log(32000))
     assert run.returncode == 0, tail(run)
     assert abs(run.losses[1] - expected) < tolerance, (run.losses[1], expected)
     assert abs(run.losses[1] - math.log(32000)) > 10 * tolerance
+
+
+def test_llama_weights_in_hf_path_give_the_hf_models_own_first_loss(launch, record, tmp_path: Path):
+    hf_path = hf_models.write("llama", tmp_path / "llama_weights", weights="constant")
+    small = ("model.seq_length=1024", "dataset.seq_length=1024", "train.global_batch_size=8", "logger.log_interval=1")
+    first_loss_check(launch, record, "llama", "llama3_8b_pretrain.py", hf_path, "use_megatron_fsdp=false", *small)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="megatron-bridge 0.6.2's DeepSeek-V2 bridge (deprecated upstream) builds no HF mapping for a parameter of"
+    " this model, and load_weights_hf_to_megatron then fails: AttributeError: 'NoneType' object has no attribute"
+    " 'megatron_module' (GPU run of 2026-11-30)",
+)
+def test_deepseek_v2_weights_in_hf_path_give_the_hf_models_own_first_loss(launch, record, tmp_path: Path):
+    hf_path = hf_models.write("deepseek_v2", tmp_path / "deepseek_v2_weights", weights="constant")
+    first_loss_check(launch, record, "deepseek_v2", DSV2_LITE, hf_path, *DSV2_ON_TWO_GPUS)
 
 
 def test_overrides_reach_the_saved_config_and_the_log(tiny_run: Run):
@@ -104,6 +120,8 @@ def test_viztracer_traces_exactly_the_window_on_rank_0_and_every_rank_exits_0(la
         step_16_ms=after_window,
     )
     assert run.returncode == 0, tail(run)
+    assert "0: [profiling] rank 0: viztracer window opens before step 11" in run.log
+    assert "1: [profiling]" not in run.log
     assert [t.name for t in traces] == ["trace_rank0.json"]
     assert len(steps) == 5  # profile_step_start=10..end=15: steps 11 to 15
     combined = run.run_dir / "combined.json"
@@ -118,21 +136,19 @@ def nsys_binary() -> str:
     return nsys
 
 
-def test_nsys_captures_the_window_on_exactly_the_profiled_rank(launch, record, tmp_path: Path):
+def test_nsys_captures_the_window_on_exactly_the_profiled_rank(launch, record):
+    """nsys prints its capture messages only when the process ends, so the window's steps are shown by the lines the
+    plugin logs where Megatron Bridge calls cudaProfilerStart/Stop, and the report lands per job, host and rank."""
     nsys_binary()
     run = launch(TINY, "train.train_iters=20", *WINDOW, "profiling.profile_ranks=[1]", options=("--nsys",))
-    nsys_dir = run.run_dir.parents[2] / "nsys-megatron" if run.run_dir else tmp_path
-    lines = run.log.splitlines()
-    started = [i for i, line in enumerate(lines) if "Capture range started in the application" in line]
-    ended = [i for i, line in enumerate(lines) if "Capture range ended in the application" in line]
-    reports = sorted(p.name for p in nsys_dir.rglob("profile-*"))
-    record(run, capture_started_lines=len(started), capture_ended_lines=len(ended), reports=reports)
+    nsys_dir = run.run_dir.parents[2] / "nsys-megatron" / run.run_dir.name
+    reports = sorted(p.name for p in nsys_dir.glob("profile-*"))
+    record(run, reports=reports, step_11_ms=run.step_ms.get(11), step_16_ms=run.step_ms.get(16))
     assert run.returncode == 0, tail(run)
-    assert len(started) == 1 and len(ended) == 1
-    assert lines[started[0]].startswith("1:") and lines[ended[0]].startswith("1:")
-    iteration_line = {
-        int(m.group(1)): i for i, line in enumerate(lines) if (m := re.search(r"iteration\s+(\d+)/", line))
-    }
-    assert iteration_line[10] < started[0] < iteration_line[12]
-    assert iteration_line[15] < ended[0]
-    assert reports and all("rank1" in name for name in reports)
+    assert "1: [profiling] rank 1: nsys window opens before step 11" in run.log
+    assert "1: [profiling] rank 1: nsys window closes after step 15" in run.log
+    assert "0: [profiling]" not in run.log
+    assert run.log.count("Capture range started in the application") == 1
+    assert "1: Capture range started in the application" in run.log
+    assert "1: Capture range ended in the application" in run.log
+    assert reports and all(re.fullmatch(r"profile-.+-rank1\.(qdstrm|nsys-rep)", name) for name in reports)

@@ -1,0 +1,171 @@
+"""Benchmark: our launch (A: srun.sh --local) against the upstream launch (B: torchrun + bench/upstream_pretrain.py)
+on the same recipe and overrides, and the VizTracer plugin's cost outside and right after its window.
+
+    python3 bench/bench_launch.py RESULTS_PREFIX [--case NAME ...]      # prints a table; writes PREFIX.json/.md
+
+Throughput is Megatron's own log: "throughput per GPU (TFLOP/s/GPU)" and "elapsed time per iteration (ms)", as the
+median over the steps after WARMUP_STEPS; tokens/s/GPU = global batch * sequence / step time / GPUs.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GPUS = 2
+WARMUP_STEPS = 2
+STEP = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
+TFLOPS = re.compile(r"iteration\s+(\d+)/.*?throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
+
+LLAMA = "recipes/llama3_8b_pretrain.py"
+LLAMA_ARGS = (
+    "train.global_batch_size=16",
+    "train.micro_batch_size=1",
+    "logger.log_interval=1",
+    "logger.log_throughput=true",
+    "validation.eval_interval=1000",
+    # APEX is not installed; the upstream launch would otherwise refuse to build the output layer.
+    "model.gradient_accumulation_fusion=false",
+)
+PRECISIONS = {"bf16": "bf16_mixed", "fp8cs": "bf16_with_fp8_current_scaling_mixed"}
+TINY = "recipes/tiny_gpt_pretrain.py"
+TINY_ARGS = ("train.train_iters=40", "model.gradient_accumulation_fusion=false")
+WINDOW = ("profiling.profile_step_start=10", "profiling.profile_step_end=15", "profiling.profile_ranks=[0]")
+
+
+def ours(recipe: str, *args: str) -> list[str]:
+    return [str(REPO / "srun.sh"), "--local", recipe, *args]
+
+
+def upstream(recipe: str, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={GPUS}",
+        "bench/upstream_pretrain.py",
+        recipe,
+        *args,
+    ]
+
+
+def cases() -> dict[str, list[str]]:
+    table = {}
+    for name, precision in PRECISIONS.items():
+        args = (*LLAMA_ARGS, f"mixed_precision={precision}", "train.train_iters=7")
+        table[f"llama3_8b_fsdp_{name}_A_ours"] = ours(LLAMA, *args)
+        table[f"llama3_8b_fsdp_{name}_B_upstream"] = upstream(LLAMA, *args)
+    table["tiny_viztracer_not_installed"] = upstream(TINY, *TINY_ARGS)
+    table["tiny_viztracer_installed_window_10_15"] = ours(TINY, *TINY_ARGS, "profiling.use_viztracer=true", *WINDOW)
+    return table
+
+
+def run_case(command: list[str], log: Path) -> dict:
+    env = {**os.environ, "GPUS_PER_NODE": str(GPUS)}
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=540, check=False)
+    log.write_text(result.stdout + result.stderr)
+    text = result.stdout + result.stderr
+    steps = {int(i): float(ms) for i, ms in STEP.findall(text)}
+    tflops = {int(i): float(t) for i, t in TFLOPS.findall(text)}
+    steady = [ms for i, ms in sorted(steps.items()) if i > WARMUP_STEPS]
+    return {
+        "returncode": result.returncode,
+        "wall_s": round(time.monotonic() - start, 1),
+        "step_ms": steps,
+        "median_step_ms": statistics.median(steady) if steady else None,
+        "median_tflops_per_gpu": statistics.median([t for i, t in tflops.items() if i > WARMUP_STEPS] or [0]) or None,
+    }
+
+
+def add_derived(name: str, row: dict) -> None:
+    if name.startswith("llama3_8b") and row["median_step_ms"]:
+        row["tokens_per_s_per_gpu"] = round(16 * 8192 / (row["median_step_ms"] / 1000) / GPUS)
+    if name.startswith("tiny_viztracer_installed") and row["step_ms"]:
+        outside = [ms for i, ms in row["step_ms"].items() if i > WARMUP_STEPS and not 10 < i <= 16]
+        row["median_step_ms_outside_window"] = statistics.median(outside)
+        row["step_16_ms"] = row["step_ms"].get(16)
+
+
+def markdown(result: dict) -> str:
+    columns = ("case", "returncode", "median_step_ms", "median_tflops_per_gpu", "tokens_per_s_per_gpu", "wall_s")
+    lines = [
+        f"# Launch benchmark, {result['date']}",
+        "",
+        result["hardware"],
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    for name, row in result["cases"].items():
+        lines.append("| " + " | ".join(str(row.get(c, name if c == "case" else "")) for c in columns) + " |")
+    lines += ["", "Ratios:", ""] + [f"- {k}: {v}" for k, v in result["ratios"].items()]
+    lines += ["", "Commands:", ""] + [f"- `{name}`: `{' '.join(cmd)}`" for name, cmd in result["commands"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def ratios(rows: dict) -> dict:
+    out = {}
+    for name in PRECISIONS:
+        a, b = rows.get(f"llama3_8b_fsdp_{name}_A_ours"), rows.get(f"llama3_8b_fsdp_{name}_B_upstream")
+        if a and b and a["median_step_ms"] and b["median_step_ms"]:
+            out[f"{name} A/B throughput"] = round(b["median_step_ms"] / a["median_step_ms"], 3)
+    base, traced = rows.get("tiny_viztracer_not_installed"), rows.get("tiny_viztracer_installed_window_10_15")
+    if base and traced and base["median_step_ms"] and traced.get("median_step_ms_outside_window"):
+        out["viztracer installed / not, outside window"] = round(
+            traced["median_step_ms_outside_window"] / base["median_step_ms"], 3
+        )
+        if traced.get("step_16_ms"):
+            out["step after window / normal step"] = round(
+                traced["step_16_ms"] / traced["median_step_ms_outside_window"], 2
+            )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("prefix", type=Path)
+    parser.add_argument("--case", action="append", help="run only these cases (default: all)")
+    args = parser.parse_args()
+    table = cases()
+    selected = {name: table[name] for name in (args.case or table)}
+    rows = {}
+    for name, command in selected.items():
+        rows[name] = run_case(command, args.prefix.parent / f"{name}.log")
+        add_derived(name, rows[name])
+        print(name, {k: v for k, v in rows[name].items() if k != "step_ms"}, flush=True)
+    hardware = (
+        subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        .stdout.strip()
+        .replace("\n", "; ")
+    )
+    result = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "hardware": f"{GPUS} x {hardware}",
+        "versions": {
+            p: metadata.version(p) for p in ("torch", "megatron-core", "megatron-bridge", "transformer-engine")
+        },
+        "cases": rows,
+        "ratios": ratios(rows),
+        "commands": selected,
+    }
+    args.prefix.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    args.prefix.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

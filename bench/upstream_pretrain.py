@@ -1,0 +1,29 @@
+"""Baseline B of the benchmark: the upstream way to launch. torchrun runs this plain script, which builds the recipe,
+applies the overrides with Megatron Bridge's own process_config_with_overrides, and calls pretrain: no
+entrypoint.py, no VizTracer plugin, none of srun.sh's environment.
+
+    torchrun --nproc_per_node=2 bench/upstream_pretrain.py recipes/llama3_8b_pretrain.py [KEY=VALUE ...]
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the recipe imports recipes.shared
+
+from megatron.bridge.training.gpt_step import forward_step
+from megatron.bridge.training.pretrain import pretrain
+from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
+
+
+def main() -> None:
+    recipe_path, *overrides = sys.argv[1:]
+    spec = importlib.util.spec_from_file_location("recipe", recipe_path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    cfg = process_config_with_overrides(recipe.configure(), cli_overrides=overrides)
+    pretrain(cfg, forward_step_func=forward_step)
+
+
+if __name__ == "__main__":
+    main()
