@@ -3,7 +3,7 @@
 #   make build                                   # docker build, then enroot import -> ./megatron-lm+latest.sqsh
 #   make build IMAGE_NAME=team/megatron TAG=v1   # -> ./team+megatron+v1.sqsh
 #   make build OUTPUT_DIR=/fsx/images            # write the squash file where every node can read it
-#   make test                                    # create .venv when versions changed, then run pytest
+#   make test                                    # create .venv when versions changed, lint, then run pytest
 IMAGE_NAME ?= megatron-lm
 TAG ?= latest
 OUTPUT_DIR ?= .
@@ -43,7 +43,7 @@ lint: $(STAMP)
 	$(VENV)/bin/shellcheck $(SHELL_SCRIPTS)
 	$(VENV)/bin/hadolint Dockerfile
 
-test: $(STAMP)
+test: $(STAMP) lint
 	. $(VENV)/bin/activate && pytest
 
 # tools/setup_test_env.sh is idempotent and touches the stamp when it is done.

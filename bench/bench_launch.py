@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 GPUS = 2
 WARMUP_STEPS = 2
 STEP = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
+PEAK_MEMORY = re.compile(r"mem-max-allocated-gigabytes: ([\d.]+)")
 TFLOPS = re.compile(r"iteration\s+(\d+)/.*?throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
 
 LLAMA = "recipes/llama3_8b_pretrain.py"
@@ -82,6 +83,7 @@ def run_case(command: list[str], log: Path) -> dict:
         "wall_s": round(time.monotonic() - start, 1),
         "step_ms": steps,
         "median_step_ms": statistics.median(steady) if steady else None,
+        "peak_mem_gb": max((float(g) for g in PEAK_MEMORY.findall(text)), default=None),
         "median_tflops_per_gpu": statistics.median([t for i, t in tflops.items() if i > WARMUP_STEPS] or [0]) or None,
     }
 
@@ -96,7 +98,15 @@ def add_derived(name: str, row: dict) -> None:
 
 
 def markdown(result: dict) -> str:
-    columns = ("case", "returncode", "median_step_ms", "median_tflops_per_gpu", "tokens_per_s_per_gpu", "wall_s")
+    columns = (
+        "case",
+        "returncode",
+        "median_step_ms",
+        "median_tflops_per_gpu",
+        "tokens_per_s_per_gpu",
+        "peak_mem_gb",
+        "wall_s",
+    )
     lines = [
         f"# Launch benchmark, {result['date']}",
         "",

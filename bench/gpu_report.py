@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "viztracer")
-COLUMNS = ("test", "outcome", "wall_s", "time_to_first_step_s", "median_step_ms", "peak_mem_mb")
+COLUMNS = ("test", "outcome", "wall_s", "time_to_first_step_s", "median_step_ms", "peak_mem_gb")
 
 
 def gpus() -> list[str]:

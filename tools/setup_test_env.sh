@@ -24,6 +24,8 @@ install_system_packages() {
   local missing=()
   command -v slurmctld >/dev/null || missing+=(slurm-wlm)
   command -v munged >/dev/null || missing+=(munge)
+  # srun --mpi=pmix (srun.sh's default) loads libpmix, which Debian's slurm-wlm does not pull in.
+  ldconfig -p | grep -q 'libpmix\.so ' || missing+=(libpmix-dev)
   command -v make >/dev/null || missing+=(make)
   [ ${#missing[@]} -eq 0 ] && return
   [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}: run as root, or install them with: sudo apt-get install ${missing[*]}"

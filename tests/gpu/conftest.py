@@ -21,7 +21,7 @@ RESULTS = Path(os.environ.get("GPU_RESULTS", "/tmp/gpu-results.jsonl"))
 
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+).*?elapsed time per iteration \(ms\): ([\d.]+)")
 LM_LOSS = re.compile(r"lm loss: ([\d.E+-]+|nan|inf)", re.IGNORECASE)
-MAX_ALLOCATED = re.compile(r"max allocated: ([\d.]+)")
+MAX_ALLOCATED = re.compile(r"mem-max-allocated-gigabytes: ([\d.]+)")
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Run:
     run_dir: Path | None
     losses: dict[int, float] = field(default_factory=dict)
     step_ms: dict[int, float] = field(default_factory=dict)
-    peak_mem_mb: float | None = None
+    peak_mem_gb: float | None = None
 
     def median_step_ms(self, skip: int = 2) -> float | None:
         steady = [ms for iteration, ms in sorted(self.step_ms.items()) if iteration > skip]
@@ -53,7 +53,7 @@ def parse_log(run: Run) -> Run:
                 run.losses[iteration] = float(loss.group(1))
         memory = MAX_ALLOCATED.search(line)
         if memory:
-            run.peak_mem_mb = max(run.peak_mem_mb or 0.0, float(memory.group(1)))
+            run.peak_mem_gb = max(run.peak_mem_gb or 0.0, float(memory.group(1)))
     return run
 
 
@@ -105,7 +105,7 @@ def record(request: pytest.FixtureRequest) -> Callable[..., None]:
             "wall_s": round(run.wall_s, 1),
             "time_to_first_step_s": None if run.first_step_s is None else round(run.first_step_s, 1),
             "median_step_ms": run.median_step_ms(),
-            "peak_mem_mb": run.peak_mem_mb,
+            "peak_mem_gb": run.peak_mem_gb,
             "losses": {str(k): v for k, v in sorted(run.losses.items())},
             **facts,
         }
