@@ -13,24 +13,52 @@ Bad input is one line on stderr and exit status 2, before distributed init or an
 
 import argparse
 import importlib.util
+import io
 import os
 import sys
-from contextlib import redirect_stdout
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
-# Megatron's import-time log handlers bind to sys.stdout; keep stdout for what we print (YAML, profile_ranks=).
-with redirect_stdout(sys.stderr):
+from launcher.errors import UsageError
+
+# --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
+# a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
+# streams of the moment), so in those modes that chatter is held back, and shown only if something unexpected fails.
+QUIET = bool({"--check", "--print-config"} & set(sys.argv[1:]))
+
+
+@contextmanager
+def chatter_held_back(quiet: bool) -> Iterator[None]:
+    if not quiet:
+        with redirect_stdout(sys.stderr):  # training: chatter on stderr, stdout stays the training log
+            yield
+        return
+    chatter = io.StringIO()
+    unexpected = True
+    try:
+        with redirect_stdout(chatter), redirect_stderr(chatter):
+            yield
+        unexpected = False
+    except UsageError:
+        unexpected = False
+        raise
+    finally:
+        if unexpected:
+            sys.stderr.write(chatter.getvalue())
+
+
+with chatter_held_back(QUIET):
     from megatron.bridge.training.config import ConfigContainer
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
     import viztracer_plugin
     from launcher import checks, outputs, overrides
-    from launcher.errors import UsageError
     from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
@@ -114,7 +142,8 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object]) -> Non
 def main(argv: list[str]) -> int:
     try:
         args = parse_args(argv)
-        cfg, applied = resolve(args)
+        with chatter_held_back(args.check or args.print_config):
+            cfg, applied = resolve(args)
     except UsageError as error:
         print(f"entrypoint.py: error: {error}", file=sys.stderr)
         return 2

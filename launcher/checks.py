@@ -79,8 +79,8 @@ def check_parallelism(cfg: ConfigContainer, world_size: int) -> None:
     etp = model.expert_tensor_parallel_size or tp
     if ep > 1 and world_size % (ep * etp * pp):
         raise UsageError(
-            f"{world_size} ranks do not divide into EP*ETP*PP = {ep}*{etp}*{pp}: change the node count or"
-            " model.expert_model_parallel_size"
+            f"{world_size} ranks do not divide into EP*ETP*PP = {ep}*{etp}*{pp}: change the node count,"
+            " model.expert_model_parallel_size or model.expert_tensor_parallel_size"
         )
     data_parallel = world_size // (tp * pp * cp)
     gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size

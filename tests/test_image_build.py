@@ -349,10 +349,18 @@ def test_make_clean_works_without_docker(checkout):
     assert not sqsh.exists()
 
 
-def test_make_test_sets_up_the_venv_then_runs_pytest_in_it(checkout):
+def test_make_test_sets_up_the_venv_lints_then_runs_pytest_in_it(checkout):
     result = checkout.run("make", "--dry-run", "test")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["bash tools/setup_test_env.sh", ". .venv/bin/activate && pytest"]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "bash tools/setup_test_env.sh"
+    assert lines[-1] == ". .venv/bin/activate && pytest"
+    assert [line.split()[0] for line in lines[1:-1]] == [
+        ".venv/bin/ruff",
+        ".venv/bin/ruff",
+        ".venv/bin/shellcheck",
+        ".venv/bin/hadolint",
+    ]
 
 
 def test_make_lint_runs_ruff_shellcheck_and_hadolint_once_the_venv_exists(checkout):
