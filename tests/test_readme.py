@@ -52,6 +52,10 @@ def test_readme_has_the_launch_examples():
     assert any("--nsys" in e for e in EXAMPLES) and any("use_viztracer=true" in e for e in EXAMPLES)
 
 
+def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Path, hf_dir, output_root: Path):
     nodes, _, options, recipe, arguments = split(example)
@@ -71,28 +75,12 @@ def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Pat
         "HF_HUB_OFFLINE": "1",
     }
     dry_run = ["--dry-run", *(o for o in options if o != "--dry-run")]
-    result = subprocess.run(
-        [str(REPO / "srun.sh"), *dry_run, recipe, *arguments],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = run([str(REPO / "srun.sh"), *dry_run, recipe, *arguments], env)
     assert result.returncode == 0, result.stderr[-2000:]
     if "--nsys" in options:
         arguments.append("profiling.use_nsys_profiler=true")
     world_size = 2 if "--local" in options else 8 * nodes
-    check = subprocess.run(
-        [sys.executable, str(REPO / "entrypoint.py"), recipe, *arguments, "--check", "--world-size", str(world_size)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    check = run([sys.executable, "entrypoint.py", recipe, *arguments, "--check", "--world-size", str(world_size)], env)
     assert check.returncode == 0, check.stderr[-2000:]
 
 

@@ -3,14 +3,14 @@
 # Debian packages the tests start for real (SLURM and munge). Idempotent; `make test` runs it when versions change.
 #
 # Knobs:
-#   PYTHON312     a Python 3.12 interpreter (default: python3.12 on PATH)
+#   PYTHON312     a Python 3.12 interpreter (default: the first that runs of python3.12 on PATH and pyenv's 3.12.x)
 #   TE_WHEEL_DIR  prebuilt transformer_engine_torch wheels (default: ../shared/device/wheels when present; without
 #                 one, the extension is built from source: ~12 min on 2 cores, needs nvcc)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.venv"
-PYTHON312=${PYTHON312:-$(command -v python3.12 || true)}
+PYTHON312=${PYTHON312:-}
 default_wheels="$root/../shared/device/wheels"
 [ -d "$default_wheels" ] || default_wheels=""
 export TE_WHEEL_DIR=${TE_WHEEL_DIR:-$default_wheels}
@@ -33,7 +33,20 @@ install_system_packages() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+# pyenv's python3.12 shim exists on PATH even when pyenv's selected version is another one, and then fails: try each
+# candidate rather than trusting `command -v`.
+find_python312() {
+  local candidate
+  for candidate in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
+    if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      command -v "$candidate"
+      return
+    fi
+  done
+}
+
 create_venv() {
+  PYTHON312=${PYTHON312:-$(find_python312)}
   [ -n "$PYTHON312" ] || die "python3.12 not found: install Python 3.12 (megatron-bridge 0.6 needs it) or set PYTHON312"
   [ -x "$venv/bin/python" ] || "$PYTHON312" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
