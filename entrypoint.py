@@ -84,15 +84,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def load_recipe(path: Path) -> ModuleType:
     if not path.is_file():
         raise UsageError(f"recipe {str(path)!r} not found: pass a recipe file, e.g. recipes/tiny_gpt_pretrain.py")
-    if not os.access(path, os.R_OK):
-        raise UsageError(f"recipe {str(path)!r} is not readable: check its permissions")
     spec = importlib.util.spec_from_file_location(f"recipe_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise UsageError(f"recipe {str(path)!r} is not a Python file: recipes are .py files defining configure()")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except (SyntaxError, ImportError) as error:
+    except (SyntaxError, ImportError, OSError) as error:
         raise UsageError(f"recipe {str(path)!r} failed to import: {type(error).__name__}: {error}") from None
     if not callable(getattr(module, "configure", None)):
         raise UsageError(f"recipe {str(path)!r} has no configure() function: define configure(**kwargs) -> config")

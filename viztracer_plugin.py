@@ -102,8 +102,7 @@ class WindowTracer:
             self.writer_pid = None
 
     def release(self) -> None:
-        # Drop the torch profiler VizTracer holds with log_torch: destroyed during interpreter shutdown, after CUDA
-        # is torn down, it crashes the process (seen with the seed's plugin on 0.6.2).
+        # Free the trace buffer (and, with log_torch, the torch profiler) now rather than at interpreter shutdown.
         self.tracer.torch_profile = None
         self.tracer.clear()
         self.tracer = None

@@ -78,13 +78,14 @@ def run_case(command: list[str], log: Path) -> dict:
     steps = {int(i): float(ms) for i, ms in STEP.findall(text)}
     tflops = {int(i): float(t) for i, t in TFLOPS.findall(text)}
     steady = [ms for i, ms in sorted(steps.items()) if i > WARMUP_STEPS]
+    steady_tflops = [t for i, t in tflops.items() if i > WARMUP_STEPS]
     return {
         "returncode": result.returncode,
         "wall_s": round(time.monotonic() - start, 1),
         "step_ms": steps,
         "median_step_ms": statistics.median(steady) if steady else None,
         "peak_mem_gb": max((float(g) for g in PEAK_MEMORY.findall(text)), default=None),
-        "median_tflops_per_gpu": statistics.median([t for i, t in tflops.items() if i > WARMUP_STEPS] or [0]) or None,
+        "median_tflops_per_gpu": statistics.median(steady_tflops) if steady_tflops else None,
     }
 
 
