@@ -110,6 +110,11 @@ def build_config(recipe: ModuleType, kwargs: dict[str, object]) -> ConfigContain
     return cfg
 
 
+def world_size(args: argparse.Namespace) -> int | None:
+    """The job's rank count: --world-size (srun.sh's pre-flight), else $WORLD_SIZE (a rank), else unknown."""
+    return args.world_size or (int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None)
+
+
 def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object]]:
     """Recipe + arguments -> checked config, and what the arguments set in it. No distributed init, no GPU."""
     recipe = load_recipe(args.recipe)
@@ -118,8 +123,7 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     cfg = build_config(recipe, kwargs)
     outputs.place_outputs(cfg, outputs.run_dir(args.recipe))
     applied = {**kwargs, **overrides.apply(cfg, config_overrides)}
-    world_size = args.world_size or (int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None)
-    checks.check_config(cfg, world_size)
+    checks.check_config(cfg, world_size(args))
     return cfg, applied
 
 
@@ -148,8 +152,8 @@ def main(argv: list[str]) -> int:
     if args.print_config:
         print(outputs.config_yaml(cfg), end="")
     elif args.check:
-        world_size = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
-        print("profile_ranks=" + ",".join(str(rank) for rank in checks.profiled_ranks(cfg, world_size)))
+        ranks = checks.profiled_ranks(cfg, world_size(args) or 1)
+        print("profile_ranks=" + ",".join(str(rank) for rank in ranks))
     else:
         train(cfg, args.recipe, applied)
     return 0

@@ -60,16 +60,15 @@ class WindowTracer:
 
     def __init__(self) -> None:
         self.tracer: VizTracer | None = None
-        self.path: Path | None = None
         self.writer_pid: int | None = None
         self.used = False
 
     def start(self, rank: int) -> None:
-        self.path = trace_path(rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        path = trace_path(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
         # register_global=False: VizTracer would otherwise keep a global reference alive into interpreter shutdown.
         self.tracer = VizTracer(
-            output_file=str(self.path),
+            output_file=str(path),
             log_torch=os.environ.get("VIZTRACER_LOG_TORCH", "0") == "1",
             register_global=False,
             verbose=0,
