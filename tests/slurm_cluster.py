@@ -251,6 +251,10 @@ HOSTILE_ARGS = [
 ]
 
 
+# A one-node allocation for one test command.
+SALLOC = ["salloc", "--quiet", "--nodes=1", "--job-name=srunsh-test"]
+
+
 @dataclasses.dataclass
 class SrunWorld:
     """A temporary directory holding recipe.py and the records the fake python writes; runs srun.sh there."""
@@ -283,10 +287,7 @@ class SrunWorld:
         )
         result = subprocess.run(
             [
-                "salloc",
-                "--quiet",
-                "--nodes=1",
-                "--job-name=srunsh-test",
+                *SALLOC,
                 "bash",
                 "-c",
                 script,
@@ -311,10 +312,7 @@ class SrunWorld:
         pid_file = self.dir / "srun_sh.pid"
         proc = subprocess.Popen(
             [
-                "salloc",
-                "--quiet",
-                "--nodes=1",
-                "--job-name=srunsh-test",
+                *SALLOC,
                 "bash",
                 "-c",
                 'echo $$ >"$PID_FILE"; exec "$@"',
