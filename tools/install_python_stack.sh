@@ -67,13 +67,19 @@ install_te_torch() {
     pip_install "${wheels[0]}"
     return
   fi
-  command -v nvcc >/dev/null || die "nvcc not found: building transformer-engine-torch needs the CUDA toolkit (or set TE_WHEEL_DIR to a prebuilt wheel)"
+  local nvcc cuda_home
+  nvcc=$(command -v nvcc) || die "nvcc not found: building transformer-engine-torch needs the CUDA toolkit (or set TE_WHEEL_DIR to a prebuilt wheel)"
+  # The compiler's headers (crt/) come from CUDA_HOME, searched first (torch guesses it from nvcc's folder, wrong for
+  # a wrapper script such as /usr/local/bin/nvcc); the libraries' headers (cuSPARSE, cuDNN, NCCL...) from the pip
+  # packages whose libraries torch loads.
+  cuda_home=${CUDA_HOME:-/usr/local/cuda}
+  [ -d "$cuda_home/include" ] || cuda_home=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
   mapfile -t build < <(section_pins build)
   pip_install "${build[@]}"
   nvidia=$("$PYTHON" -c 'import nvidia; print(list(nvidia.__path__)[0])')
   include_dirs=$(find "$nvidia" -maxdepth 3 -type d -name include | paste -sd:)
-  CPATH="$include_dirs${CPATH:+:$CPATH}" NVTE_FRAMEWORK=pytorch MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
-    pip_install --no-build-isolation "transformer-engine-torch==$version"
+  CUDA_HOME="$cuda_home" CPATH="$include_dirs${CPATH:+:$CPATH}" NVTE_FRAMEWORK=pytorch \
+    MAX_JOBS="${MAX_JOBS:-$(nproc)}" pip_install --no-build-isolation "transformer-engine-torch==$version"
 }
 
 main() {

@@ -5,7 +5,7 @@
 # Knobs:
 #   PYTHON312     a Python 3.12 interpreter (default: the first that runs of python3.12 on PATH and pyenv's 3.12.x)
 #   TE_WHEEL_DIR  prebuilt transformer_engine_torch wheels (default: ../shared/device/wheels when present; without
-#                 one, the extension is built from source: ~12 min on 2 cores, needs nvcc)
+#                 one, the extension is built from source: 6 min on 2 cores, needs nvcc)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
