@@ -7,7 +7,7 @@
 # Knobs:
 #   PYTHON          interpreter whose environment receives the packages (default: python3)
 #   TE_WHEEL_DIR    folder holding a prebuilt transformer_engine_torch wheel for this torch/CUDA (optional; without
-#                   it the PyTorch extension is built from its sdist, which needs nvcc and takes ~12 min on 2 cores)
+#                   it the PyTorch extension is built from its sdist, which needs nvcc: 6 min on 2 cores here)
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
