@@ -115,21 +115,26 @@ class WindowTracer:
 WINDOW = WindowTracer()
 
 
+# The profiler switches of a profiling config (Megatron Bridge's two and ours), with the names the log uses.
+PROFILERS = {"use_nsys_profiler": "nsys", "use_pytorch_profiler": "pytorch", "use_viztracer": "viztracer"}
+
+
 def active_profilers(config: Any) -> list[str]:
-    names = {"use_nsys_profiler": "nsys", "use_pytorch_profiler": "pytorch", "use_viztracer": "viztracer"}
-    return [name for flag, name in names.items() if getattr(config, flag, False)]
+    """The switches that are on, e.g. ['use_nsys_profiler'] (none for a missing config)."""
+    return [flag for flag in PROFILERS if getattr(config, flag, False)]
 
 
 def profiled(config: Any, rank: int) -> bool:
     """Whether this rank profiles at all (Megatron Bridge reads an empty profile_ranks as every rank)."""
-    if config is None or not active_profilers(config):
+    if not active_profilers(config):
         return False
     return not config.profile_ranks or rank in config.profile_ranks
 
 
 def announce(config: Any, rank: int, event: str) -> None:
     """One log line where the window really opens or closes, so a user can match a report to its steps."""
-    print(f"[profiling] rank {rank}: {'+'.join(active_profilers(config))} window {event}", flush=True)
+    names = "+".join(PROFILERS[flag] for flag in active_profilers(config))
+    print(f"[profiling] rank {rank}: {names} window {event}", flush=True)
 
 
 def exit_traced_process(status: int) -> None:

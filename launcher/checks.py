@@ -4,8 +4,7 @@ as an assertion) or never. Each failure is a UsageError naming the fix."""
 from megatron.bridge.training.config import ConfigContainer
 
 from launcher.errors import UsageError
-
-PROFILERS = ("use_nsys_profiler", "use_pytorch_profiler", "use_viztracer")
+from viztracer_plugin import active_profilers
 
 
 def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
@@ -16,12 +15,8 @@ def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
         check_parallelism(cfg, world_size)
 
 
-def enabled_profilers(cfg: ConfigContainer) -> list[str]:
-    return [name for name in PROFILERS if cfg.profiling is not None and getattr(cfg.profiling, name, False)]
-
-
 def check_profiling(cfg: ConfigContainer) -> None:
-    profilers = enabled_profilers(cfg)
+    profilers = active_profilers(cfg.profiling)
     if len(profilers) > 1:
         listed = " and ".join(f"profiling.{name}" for name in profilers)
         raise UsageError(f"{listed} are all on: enable one profiler per run")
@@ -90,7 +85,7 @@ def check_parallelism(cfg: ConfigContainer, world_size: int) -> None:
             f" on {world_size} ranks: change train.global_batch_size"
         )
     outside = [rank for rank in profiled_ranks(cfg, world_size) if rank >= world_size]
-    if enabled_profilers(cfg) and outside:
+    if active_profilers(cfg.profiling) and outside:
         raise UsageError(
             f"profiling.profile_ranks={cfg.profiling.profile_ranks} names ranks outside 0..{world_size - 1}:"
             " list ranks of this job"
