@@ -1,7 +1,10 @@
 """Benchmark: our launch (A: srun.sh --local) against the upstream launch (B: torchrun + bench/upstream_pretrain.py)
 on the same recipe and overrides, and the VizTracer plugin's cost outside and right after its window.
 
-    python3 bench/bench_launch.py RESULTS_PREFIX [--case NAME ...]      # prints a table; writes PREFIX.json/.md
+    python3 bench/bench_launch.py PREFIX [--case NAME ...] [--timeout S]   # prints a table; writes PREFIX.json/.md
+
+Cases already in PREFIX.json (an earlier device call) are kept, and replaced by a case of the same name, so the
+benchmark can be run a few cases per device call.
 
 Throughput is Megatron's own log: "throughput per GPU (TFLOP/s/GPU)" and "elapsed time per iteration (ms)", as the
 median over the steps after WARMUP_STEPS; tokens/s/GPU = global batch * sequence / step time / GPUs.
@@ -11,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -29,7 +33,6 @@ TFLOPS = re.compile(r"iteration\s+(\d+)/.*?throughput per GPU \(TFLOP/s/GPU\): (
 LLAMA = "recipes/llama3_8b_pretrain.py"
 LLAMA_ARGS = (
     "train.global_batch_size=16",
-    "train.micro_batch_size=1",
     "logger.log_interval=1",
     "logger.log_throughput=true",
     "validation.eval_interval=1000",
@@ -58,29 +61,53 @@ def upstream(recipe: str, *args: str) -> list[str]:
     ]
 
 
+MICRO_BATCH_SIZES = (1, 2)
+
+
 def cases() -> dict[str, list[str]]:
     table = {}
     for name, precision in PRECISIONS.items():
-        args = (*LLAMA_ARGS, f"mixed_precision={precision}", "train.train_iters=7")
-        table[f"llama3_8b_fsdp_{name}_A_ours"] = ours(LLAMA, *args)
-        table[f"llama3_8b_fsdp_{name}_B_upstream"] = upstream(LLAMA, *args)
+        for mbs in MICRO_BATCH_SIZES:
+            args = (*LLAMA_ARGS, f"train.micro_batch_size={mbs}", f"mixed_precision={precision}", "train.train_iters=7")
+            table[f"llama3_8b_fsdp_{name}_mbs{mbs}_A_ours"] = ours(LLAMA, *args)
+            table[f"llama3_8b_fsdp_{name}_mbs{mbs}_B_upstream"] = upstream(LLAMA, *args)
     table["tiny_viztracer_not_installed"] = upstream(TINY, *TINY_ARGS)
     table["tiny_viztracer_installed_window_10_15"] = ours(TINY, *TINY_ARGS, "profiling.use_viztracer=true", *WINDOW)
     return table
 
 
-def run_case(command: list[str], log: Path) -> dict:
+def stop(case: subprocess.Popen) -> None:
+    """SIGTERM first: srun.sh starts each rank in its own session and stops them on TERM; SIGKILL would orphan them
+    on the GPUs (and on the rendezvous port) for the next case."""
+    os.killpg(case.pid, signal.SIGTERM)
+    try:
+        case.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(case.pid, signal.SIGKILL)
+        case.wait()
+
+
+def run_case(command: list[str], log: Path, timeout_s: int) -> dict:
+    """Run one case in its own process group, so that a case past its time can be stopped with all its ranks."""
     env = {**os.environ, "GPUS_PER_NODE": str(GPUS)}
     start = time.monotonic()
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=540, check=False)
-    log.write_text(result.stdout + result.stderr)
-    text = result.stdout + result.stderr
+    with log.open("w") as out:
+        case = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            returncode: int | str = case.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop(case)
+            returncode = f"timeout {timeout_s} s"
+    text = log.read_text()
     steps = {int(i): float(ms) for i, ms in STEP.findall(text)}
     tflops = {int(i): float(t) for i, t in TFLOPS.findall(text)}
     steady = [ms for i, ms in sorted(steps.items()) if i > WARMUP_STEPS]
     steady_tflops = [t for i, t in tflops.items() if i > WARMUP_STEPS]
     return {
-        "returncode": result.returncode,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "returncode": returncode,
         "wall_s": round(time.monotonic() - start, 1),
         "step_ms": steps,
         "median_step_ms": statistics.median(steady) if steady else None,
@@ -126,9 +153,11 @@ def markdown(result: dict) -> str:
 def ratios(rows: dict) -> dict:
     out = {}
     for name in PRECISIONS:
-        a, b = rows.get(f"llama3_8b_fsdp_{name}_A_ours"), rows.get(f"llama3_8b_fsdp_{name}_B_upstream")
-        if a and b and a["median_step_ms"] and b["median_step_ms"]:
-            out[f"{name} A/B throughput"] = round(b["median_step_ms"] / a["median_step_ms"], 3)
+        for mbs in MICRO_BATCH_SIZES:
+            case = f"llama3_8b_fsdp_{name}_mbs{mbs}"
+            a, b = rows.get(f"{case}_A_ours"), rows.get(f"{case}_B_upstream")
+            if a and b and a["median_step_ms"] and b["median_step_ms"]:
+                out[f"{name} mbs{mbs} A/B throughput"] = round(b["median_step_ms"] / a["median_step_ms"], 3)
     base, traced = rows.get("tiny_viztracer_not_installed"), rows.get("tiny_viztracer_installed_window_10_15")
     if base and traced and base["median_step_ms"] and traced.get("median_step_ms_outside_window"):
         out["viztracer installed / not, outside window"] = round(
@@ -141,40 +170,47 @@ def ratios(rows: dict) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("prefix", type=Path)
-    parser.add_argument("--case", action="append", help="run only these cases (default: all)")
-    args = parser.parse_args()
-    table = cases()
-    selected = {name: table[name] for name in (args.case or table)}
-    rows = {}
-    for name, command in selected.items():
-        rows[name] = run_case(command, args.prefix.parent / f"{name}.log")
-        add_derived(name, rows[name])
-        print(name, {k: v for k, v in rows[name].items() if k != "step_ms"}, flush=True)
-    hardware = (
-        subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        .stdout.strip()
-        .replace("\n", "; ")
-    )
+def hardware() -> str:
+    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    return subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip().replace("\n", "; ")
+
+
+def write(prefix: Path, rows: dict, commands: dict) -> dict:
+    """Write PREFIX.json and PREFIX.md; called after every case, so a device call cut short keeps what it measured."""
     result = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "hardware": f"{GPUS} x {hardware}",
+        "hardware": f"{GPUS} x {hardware()}",
         "versions": {
             p: metadata.version(p) for p in ("torch", "megatron-core", "megatron-bridge", "transformer-engine")
         },
         "cases": rows,
         "ratios": ratios(rows),
-        "commands": selected,
+        "commands": {name: commands[name] for name in rows},
     }
-    args.prefix.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.prefix.with_suffix(".md").write_text(markdown(result))
+    prefix.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    prefix.with_suffix(".md").write_text(markdown(result))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("prefix", type=Path)
+    parser.add_argument("--case", action="append", choices=sorted(cases()), help="run only these (default: all)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds one case may run (default: 300)")
+    args = parser.parse_args()
+    table = cases()
+    selected = {name: table[name] for name in (args.case or table)}
+    # Like run_gpu_suite.sh: a pip-installed megatron-core needs this once, or rank 0 exits at start-up.
+    fix = ["bash", str(REPO / "tools" / "fix_dataset_helpers.sh")]
+    subprocess.run(fix, env={**os.environ, "PYTHON": sys.executable}, check=True)
+    results = args.prefix.with_suffix(".json")
+    earlier = json.loads(results.read_text()) if results.exists() else {}
+    rows, commands = earlier.get("cases", {}), {**earlier.get("commands", {}), **selected}
+    for name, command in selected.items():
+        rows[name] = run_case(command, args.prefix.parent / f"{name}.log", args.timeout)
+        add_derived(name, rows[name])
+        print(name, {k: v for k, v in rows[name].items() if k != "step_ms"}, flush=True)
+        result = write(args.prefix, rows, commands)
     print(markdown(result))
 
 

@@ -6,6 +6,7 @@ salloc -N 2 ./srun.sh recipes/deepseek_v2_lite_pretrain.py hf_path=/fsx/models/d
 from megatron.bridge.recipes.deepseek.deepseek_v2 import deepseek_v2_lite_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
 
+from recipes import mla_query_projection
 from recipes.shared import apply_switches, from_hf
 
 HUB_ID = "deepseek-ai/DeepSeek-V2-Lite"
@@ -32,6 +33,9 @@ def configure(
     cfg.train.micro_batch_size = 1
     cfg.validation.eval_interval = 100
     cfg.scheduler.lr_warmup_iters = 50
+
+    # Model: the query projection as Hugging Face builds it (no fused Q norm; matters when q_lora_rank is None).
+    cfg.model.transformer_layer_spec = mla_query_projection.decoder_block_spec
 
     # MoE
     cfg.model.moe_permute_fusion = False

@@ -7,6 +7,7 @@ import torch
 from megatron.bridge.recipes.deepseek.deepseek_v2 import deepseek_v2_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
 
+from recipes import mla_query_projection
 from recipes.shared import apply_switches, from_hf
 
 HUB_ID = "deepseek-ai/DeepSeek-V2"
@@ -24,6 +25,9 @@ def configure(
     cfg.model.pipeline_model_parallel_size = 4
     cfg.model.pipeline_dtype = torch.bfloat16
     cfg.model.expert_model_parallel_size = 8
+
+    # Model: the query projection as Hugging Face builds it (no fused Q norm; matters when q_lora_rank is None).
+    cfg.model.transformer_layer_spec = mla_query_projection.decoder_block_spec
 
     # Memory: bf16 optimizer moments halve the optimizer state of the expert weights each rank holds alone.
     cfg.optimizer.use_precision_aware_optimizer = True

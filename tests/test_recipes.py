@@ -1,15 +1,19 @@
 """The shipped recipes and the shared switches, against the real megatron-bridge config classes, offline."""
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 from megatron.bridge import AutoBridge
+from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TELayerNormColumnParallelLinear
+from megatron.core.transformer.mla_qk_norm_config import QKNormConfigResolver
+from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
 import entrypoint
 from launcher.errors import UsageError
-from recipes import shared
+from recipes import mla_query_projection, shared
 from tests import hf_models
 from tests.conftest import RECIPES, REPO
 
@@ -65,6 +69,33 @@ def test_deepseek_v2_lite_fits_one_8_gpu_node_with_expert_tp_1(output_root: Path
         resolve("deepseek_v2_lite_pretrain.py", hf_path, "--world-size", "8")
     cfg = resolve("deepseek_v2_lite_pretrain.py", hf_path, "model.expert_tensor_parallel_size=1", "--world-size", "8")
     assert cfg.model.expert_tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize("recipe", ["deepseek_v2_lite_pretrain.py", "deepseek_v2_pretrain.py"])
+def test_deepseek_recipes_build_the_query_projection_without_the_norm_hugging_face_lacks(
+    recipe: str, output_root: Path, hf_dir: Callable[[str], Path]
+):
+    """megatron-core 0.19.2 fuses a Q norm into linear_q_proj when q_lora_rank is None (DeepSeek-V2-Lite); HF has
+    none, so megatron-bridge 0.6.2 cannot load that weight. If the upstream assertion fails, upstream changed: drop
+    recipes/mla_query_projection.py."""
+    cfg = resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}")
+    assert cfg.model.q_lora_rank is None and cfg.model.qk_layernorm is True
+    assert cfg.model.transformer_layer_spec is mla_query_projection.decoder_block_spec
+    block = mla_query_projection.decoder_block_spec(cfg.model, pp_rank=0)
+    attentions = [layer.submodules.self_attention for layer in block.layer_specs]
+    assert len(attentions) == cfg.model.num_layers // cfg.model.pipeline_model_parallel_size
+    assert {a.module for a in attentions} == {mla_query_projection.MLASelfAttentionWithPlainQueryProjection}
+
+    # Our override takes effect only while MLASelfAttention builds its projections from this method.
+    assert "self._resolve_qk_norm_config(submodules)" in inspect.getsource(MLASelfAttention.__init__)
+    submodules = attentions[0].submodules
+    upstream = QKNormConfigResolver(cfg.model, submodules).resolve()
+    assert upstream["linear_q_proj"] is TELayerNormColumnParallelLinear
+    ours = object.__new__(mla_query_projection.MLASelfAttentionWithPlainQueryProjection)
+    object.__setattr__(ours, "config", cfg.model)  # the resolver reads only the config, not built modules
+    resolved = ours._resolve_qk_norm_config(submodules)
+    assert resolved["linear_q_proj"] is TEColumnParallelLinear
+    assert resolved["linear_kv_up_proj"] is upstream["linear_kv_up_proj"] is TELayerNormColumnParallelLinear
 
 
 def test_deepep_switch_selects_the_flex_dispatcher_with_deepep(output_root: Path, hf_dir: Callable[[str], Path]):
