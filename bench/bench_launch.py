@@ -7,13 +7,12 @@ Cases already in PREFIX.json (an earlier device call) are kept, and replaced by 
 benchmark can be run a few cases per device call.
 
 Throughput is Megatron's own log: "throughput per GPU (TFLOP/s/GPU)" and "elapsed time per iteration (ms)", as the
-median over the steps after WARMUP_STEPS; tokens/s/GPU = global batch * sequence / step time / GPUs.
+median over the steps after megatron_log.WARMUP_STEPS; tokens/s/GPU = global batch * sequence / step time / GPUs.
 """
 
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -23,16 +22,17 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.megatron_log, as the GPU suite imports it
+
+from bench import megatron_log
+
 REPO = Path(__file__).resolve().parents[1]
 GPUS = 2
-WARMUP_STEPS = 2
-STEP = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
-PEAK_MEMORY = re.compile(r"mem-max-allocated-gigabytes: ([\d.]+)")
-TFLOPS = re.compile(r"iteration\s+(\d+)/.*?throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
-
 LLAMA = "recipes/llama3_8b_pretrain.py"
+LLAMA_GLOBAL_BATCH = 16
+LLAMA_SEQUENCE = 8192  # the recipe's
 LLAMA_ARGS = (
-    "train.global_batch_size=16",
+    f"train.global_batch_size={LLAMA_GLOBAL_BATCH}",
     "logger.log_interval=1",
     "logger.log_throughput=true",
     "validation.eval_interval=1000",
@@ -42,7 +42,12 @@ LLAMA_ARGS = (
 PRECISIONS = {"bf16": "bf16_mixed", "fp8cs": "bf16_with_fp8_current_scaling_mixed"}
 TINY = "recipes/tiny_gpt_pretrain.py"
 TINY_ARGS = ("train.train_iters=40", "model.gradient_accumulation_fusion=false")
-WINDOW = ("profiling.profile_step_start=10", "profiling.profile_step_end=15", "profiling.profile_ranks=[0]")
+WINDOW_START, WINDOW_END = 10, 15  # traces steps 11..15; step 16 pays for stopping the trace
+WINDOW = (
+    f"profiling.profile_step_start={WINDOW_START}",
+    f"profiling.profile_step_end={WINDOW_END}",
+    "profiling.profile_ranks=[0]",
+)
 
 
 def ours(recipe: str, *args: str) -> list[str]:
@@ -100,29 +105,31 @@ def run_case(command: list[str], log: Path, timeout_s: int) -> dict:
         except subprocess.TimeoutExpired:
             stop(case)
             returncode = f"timeout {timeout_s} s"
-    text = log.read_text()
-    steps = {int(i): float(ms) for i, ms in STEP.findall(text)}
-    tflops = {int(i): float(t) for i, t in TFLOPS.findall(text)}
-    steady = [ms for i, ms in sorted(steps.items()) if i > WARMUP_STEPS]
-    steady_tflops = [t for i, t in tflops.items() if i > WARMUP_STEPS]
+    training = megatron_log.parse(log.read_text())
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "returncode": returncode,
         "wall_s": round(time.monotonic() - start, 1),
-        "step_ms": steps,
-        "median_step_ms": statistics.median(steady) if steady else None,
-        "peak_mem_gb": max((float(g) for g in PEAK_MEMORY.findall(text)), default=None),
-        "median_tflops_per_gpu": statistics.median(steady_tflops) if steady_tflops else None,
+        "step_ms": training.step_ms,
+        "median_step_ms": training.median_step_ms(),
+        "peak_mem_gb": training.peak_mem_gb,
+        "median_tflops_per_gpu": training.median_tflops_per_gpu(),
     }
 
 
 def add_derived(name: str, row: dict) -> None:
     if name.startswith("llama3_8b") and row["median_step_ms"]:
-        row["tokens_per_s_per_gpu"] = round(16 * 8192 / (row["median_step_ms"] / 1000) / GPUS)
+        tokens_per_step = LLAMA_GLOBAL_BATCH * LLAMA_SEQUENCE
+        row["tokens_per_s_per_gpu"] = round(tokens_per_step / (row["median_step_ms"] / 1000) / GPUS)
     if name.startswith("tiny_viztracer_installed") and row["step_ms"]:
-        outside = [ms for i, ms in row["step_ms"].items() if i > WARMUP_STEPS and not 10 < i <= 16]
+        after_window = WINDOW_END + 1
+        outside = [
+            ms
+            for i, ms in row["step_ms"].items()
+            if i > megatron_log.WARMUP_STEPS and not WINDOW_START < i <= after_window
+        ]
         row["median_step_ms_outside_window"] = statistics.median(outside)
-        row["step_16_ms"] = row["step_ms"].get(16)
+        row["step_16_ms"] = row["step_ms"].get(after_window)
 
 
 def markdown(result: dict) -> str:

@@ -6,8 +6,6 @@ bench/results/<date>-gpu-suite.{json,md}.
 
 import json
 import os
-import re
-import statistics
 import subprocess
 import time
 from collections.abc import Callable
@@ -16,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from bench import megatron_log
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(os.environ.get("GPU_RESULTS", "/tmp/gpu-results.jsonl"))
-
-ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+).*?elapsed time per iteration \(ms\): ([\d.]+)")
-LM_LOSS = re.compile(r"lm loss: ([\d.E+-]+|nan|inf)", re.IGNORECASE)
-MAX_ALLOCATED = re.compile(r"mem-max-allocated-gigabytes: ([\d.]+)")
 
 
 @dataclass
@@ -37,23 +33,13 @@ class Run:
     step_ms: dict[int, float] = field(default_factory=dict)
     peak_mem_gb: float | None = None
 
-    def median_step_ms(self, skip: int = 2) -> float | None:
-        steady = [ms for iteration, ms in sorted(self.step_ms.items()) if iteration > skip]
-        return statistics.median(steady) if steady else None
+    def median_step_ms(self) -> float | None:
+        return megatron_log.steady_median(self.step_ms, megatron_log.WARMUP_STEPS)
 
 
 def parse_log(run: Run) -> Run:
-    for line in run.log.splitlines():
-        found = ITERATION.search(line)
-        if found:
-            iteration = int(found.group(1))
-            run.step_ms[iteration] = float(found.group(3))
-            loss = LM_LOSS.search(line)
-            if loss:
-                run.losses[iteration] = float(loss.group(1))
-        memory = MAX_ALLOCATED.search(line)
-        if memory:
-            run.peak_mem_gb = max(run.peak_mem_gb or 0.0, float(memory.group(1)))
+    training = megatron_log.parse(run.log)
+    run.losses, run.step_ms, run.peak_mem_gb = training.losses, training.step_ms, training.peak_mem_gb
     return run
 
 
@@ -76,7 +62,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
         ) as process:
             for line in process.stdout:
                 lines.append(line)
-                if first_step is None and ITERATION.search(line):
+                if first_step is None and megatron_log.ITERATION.search(line):
                     first_step = time.monotonic() - start
             process.wait(timeout=timeout)
         (tmp_path / "launch.log").write_text("".join(lines))

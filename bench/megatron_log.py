@@ -1,0 +1,53 @@
+"""What Megatron Bridge's training log says about a run, read the same way by the GPU suite and the benchmark.
+
+Each logged iteration is one line: "iteration N/ M | ... elapsed time per iteration (ms): T | throughput per GPU
+(TFLOP/s/GPU): F | ... lm loss: L |". Peak memory is the line "[Rank 0] (after N iterations) memory (GB) | ... |
+mem-max-allocated-gigabytes: G |", printed after the first logged iterations.
+"""
+
+import re
+import statistics
+from dataclasses import dataclass, field
+
+ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
+THROUGHPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
+LM_LOSS = re.compile(r"lm loss: ([\d.E+-]+|nan|inf)", re.IGNORECASE)
+MAX_ALLOCATED = re.compile(r"mem-max-allocated-gigabytes: ([\d.]+)")
+
+# Steps left out of medians: the first builds kernels and caches, the second still settles.
+WARMUP_STEPS = 2
+
+
+@dataclass
+class TrainingLog:
+    step_ms: dict[int, float] = field(default_factory=dict)
+    tflops_per_gpu: dict[int, float] = field(default_factory=dict)
+    losses: dict[int, float] = field(default_factory=dict)
+    peak_mem_gb: float | None = None
+
+    def median_step_ms(self, skip: int = WARMUP_STEPS) -> float | None:
+        return steady_median(self.step_ms, skip)
+
+    def median_tflops_per_gpu(self, skip: int = WARMUP_STEPS) -> float | None:
+        return steady_median(self.tflops_per_gpu, skip)
+
+
+def steady_median(per_step: dict[int, float], skip: int) -> float | None:
+    steady = [value for step, value in per_step.items() if step > skip]
+    return statistics.median(steady) if steady else None
+
+
+def parse(text: str) -> TrainingLog:
+    log = TrainingLog()
+    for line in text.splitlines():
+        iteration = ITERATION.search(line)
+        if iteration:
+            step = int(iteration.group(1))
+            log.step_ms[step] = float(iteration.group(2))
+            if throughput := THROUGHPUT.search(line):
+                log.tflops_per_gpu[step] = float(throughput.group(1))
+            if loss := LM_LOSS.search(line):
+                log.losses[step] = float(loss.group(1))
+        if memory := MAX_ALLOCATED.search(line):
+            log.peak_mem_gb = max(log.peak_mem_gb or 0.0, float(memory.group(1)))
+    return log
