@@ -59,7 +59,7 @@ with chatter_held_back(QUIET):
 
     import viztracer_plugin
     from launcher import checks, outputs, overrides
-    from launcher.run_env import fit_gradient_accumulation_fusion, set_cuda_device_max_connections
+    from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
 RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)
@@ -129,7 +129,7 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
 
 def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object]) -> None:
     set_cuda_device_max_connections(cfg)
-    fit_gradient_accumulation_fusion(cfg)
+    disable_missing_gradient_accumulation_fusion(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         run_dir = outputs.run_dir(recipe)
         outputs.save_run_record(cfg, run_dir)

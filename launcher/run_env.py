@@ -1,10 +1,10 @@
 """Process environment a rank needs that depends on its config, set before CUDA starts."""
 
+import importlib.util
 import os
 import sys
 
 from megatron.bridge.training.config import ConfigContainer
-from megatron.core.tensor_parallel import layers as tensor_parallel_layers
 
 
 def set_cuda_device_max_connections(cfg: ConfigContainer) -> None:
@@ -24,19 +24,9 @@ def set_cuda_device_max_connections(cfg: ConfigContainer) -> None:
         os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
 
 
-def fit_gradient_accumulation_fusion(cfg: ConfigContainer) -> None:
-    """Keep gradient_accumulation_fusion where it can run without APEX; turn it off where it cannot.
-
-    Megatron's non-TE linear layers (the output layer among them) refuse to build with the fusion unless APEX's
-    fused_weight_gradient_mlp_cuda imports. Under Megatron FSDP every parameter is an FSDP parameter, whose weight
-    gradient those layers accumulate with Transformer Engine's GEMM, not APEX's (megatron-core 0.19,
-    tensor_parallel/layers.py), so there the refusal is lifted and the fusion stays on, as upstream's FSDP
-    performance configs run it. Without FSDP, APEX is needed: the fusion is turned off.
-    """
-    if not cfg.model.gradient_accumulation_fusion or tensor_parallel_layers._grad_accum_fusion_available:
-        return
-    if cfg.ddp.use_megatron_fsdp:
-        tensor_parallel_layers._grad_accum_fusion_available = True
-        return
-    print("entrypoint.py: APEX is not installed; model.gradient_accumulation_fusion=false", file=sys.stderr)
-    cfg.model.gradient_accumulation_fusion = False
+def disable_missing_gradient_accumulation_fusion(cfg: ConfigContainer) -> None:
+    """Megatron's non-TE linear layers (the output layer among them) fuse weight-gradient accumulation with APEX's
+    fused_weight_gradient_mlp_cuda; without APEX they refuse to build. TE layers fuse it themselves."""
+    if cfg.model.gradient_accumulation_fusion and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
+        print("entrypoint.py: APEX is not installed; model.gradient_accumulation_fusion=false", file=sys.stderr)
+        cfg.model.gradient_accumulation_fusion = False

@@ -69,6 +69,16 @@ def llama(layers: int = 2) -> PretrainedConfig:
 
 
 SHAPES = {"deepseek_v2": deepseek_v2, "qwen3_moe": qwen3_moe, "llama": llama}
+# The shape that stands in for each shipped recipe's hub model (hf_path=...) in the tests and benchmarks; None: the
+# recipe reads no hub model (its architecture ships in recipes/hf_configs, or it has none).
+RECIPE_SHAPES = {
+    "deepseek_v2_lite_pretrain": "deepseek_v2",
+    "deepseek_v2_pretrain": "deepseek_v2",
+    "qwen3_30b_a3b_pretrain": "qwen3_moe",
+    "llama3_8b_pretrain": None,
+    "llama3_8b_h200_pretrain": None,
+    "tiny_gpt_pretrain": None,
+}
 
 
 # The one logit the constant-prediction weights raise above the others (all 0).

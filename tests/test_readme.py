@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import hf_models
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
@@ -19,11 +20,7 @@ EXAMPLES = [e for e in EXAMPLE.findall(README) if "RECIPE.py" not in e]  # not t
 SRUN_OPTIONS = {"--nsys", "--dry-run", "--no-container", "--local"}
 # The local Hugging Face shapes that stand in for the README's /fsx model folders and for the hub (no network here).
 HF_SHAPES = {"DeepSeek-V2-Lite": "deepseek_v2", "DeepSeek-V2": "deepseek_v2", "Qwen3-30B-A3B": "qwen3_moe"}
-HUB_RECIPES = {
-    "recipes/deepseek_v2_lite_pretrain.py": "deepseek_v2",
-    "recipes/deepseek_v2_pretrain.py": "deepseek_v2",
-    "recipes/qwen3_30b_a3b_pretrain.py": "qwen3_moe",
-}
+HUB_RECIPES = {f"recipes/{recipe}.py": shape for recipe, shape in hf_models.RECIPE_SHAPES.items() if shape}
 
 
 def split(example: str) -> tuple[int, dict[str, str], list[str], str, list[str]]:

@@ -17,14 +17,7 @@ from recipes import mla_query_projection, shared
 from tests import hf_models
 from tests.conftest import RECIPES, REPO
 
-# The local HF config each recipe is resolved with in the tests (None: the recipe needs none).
-SHAPES = {
-    "deepseek_v2_lite_pretrain": "deepseek_v2",
-    "deepseek_v2_pretrain": "deepseek_v2",
-    "qwen3_30b_a3b_pretrain": "qwen3_moe",
-    "llama3_8b_pretrain": None,
-    "tiny_gpt_pretrain": None,
-}
+SHAPES = hf_models.RECIPE_SHAPES
 
 
 def resolve(recipe: str, *argv: str):
@@ -130,6 +123,15 @@ def test_llama3_8b_is_offline_with_fsdp_by_default(output_root: Path):
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_query_groups) == (32, 4096, 8)
     assert cfg.model.seq_length == 8192
     assert cfg.dataset.blend is None  # mock data
+
+
+def test_llama3_8b_h200_is_llama3_8b_with_micro_batch_2(output_root: Path):
+    """The H200 recipe changes the micro-batch and nothing else (output paths aside, which name the recipe)."""
+    base, h200 = resolve("llama3_8b_pretrain.py"), resolve("llama3_8b_h200_pretrain.py")
+    assert (base.train.micro_batch_size, h200.train.micro_batch_size) == (1, 2)
+    h200.train.micro_batch_size = 1
+    for part in ("model", "train", "ddp", "optimizer", "scheduler", "dataset", "mixed_precision", "tokenizer"):
+        assert getattr(h200, part) == getattr(base, part), part
 
 
 @pytest.mark.parametrize(
