@@ -183,14 +183,13 @@ def ratios(rows: dict) -> dict:
         for mbs in MICRO_BATCH_SIZES:
             case = f"llama3_8b_fsdp_{name}_mbs{mbs}"
             a, b = rows.get(f"{case}_A_ours"), rows.get(f"{case}_B_upstream")
-            if faster(b, a):
-                out[f"{name} mbs{mbs} A/B throughput"] = faster(b, a)
+            measured = {"A/B": faster(b, a)}
             for variant in TUNING:
-                if faster(a, rows.get(f"{case}_A_ours+{variant}")):
-                    out[f"{name} mbs{mbs} A+{variant} / A throughput"] = faster(a, rows[f"{case}_A_ours+{variant}"])
+                measured[f"A+{variant} / A"] = faster(a, rows.get(f"{case}_A_ours+{variant}"))
+            out |= {f"{name} mbs{mbs} {what} throughput": r for what, r in measured.items() if r is not None}
         mbs1, mbs2 = rows.get(f"llama3_8b_fsdp_{name}_mbs1_A_ours"), rows.get(f"llama3_8b_fsdp_{name}_mbs2_A_ours")
-        if faster(mbs1, mbs2):
-            out[f"{name} A mbs2 / mbs1 throughput"] = faster(mbs1, mbs2)
+        if (ratio := faster(mbs1, mbs2)) is not None:
+            out[f"{name} A mbs2 / mbs1 throughput"] = ratio
     base, traced = rows.get("tiny_viztracer_not_installed"), rows.get("tiny_viztracer_installed_window_10_15")
     if base and traced and base["median_step_ms"] and traced.get("median_step_ms_outside_window"):
         out["viztracer installed / not, outside window"] = round(

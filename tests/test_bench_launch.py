@@ -1,0 +1,36 @@
+"""bench/bench_launch.py's ratios: every one is a throughput ratio (> 1: the first-named case is faster), and the
+VizTracer step-16 figure leaves the traced steps and the step after them out of the median."""
+
+from bench import bench_launch
+
+
+def row(step_ms: float) -> dict:
+    return {"median_step_ms": step_ms}
+
+
+def test_ratios_read_as_throughput_of_the_first_named_case():
+    case = "llama3_8b_fsdp_fp8cs_mbs1"
+    rows = {
+        f"{case}_A_ours": row(100.0),
+        f"{case}_B_upstream": row(110.0),
+        f"{case}_A_ours+nccl_high_priority": row(80.0),
+        "llama3_8b_fsdp_fp8cs_mbs2_A_ours": row(90.0),
+    }
+    ratios = bench_launch.ratios(rows)
+    assert ratios == {
+        "fp8cs mbs1 A/B throughput": 1.1,
+        "fp8cs mbs1 A+nccl_high_priority / A throughput": 1.25,
+        "fp8cs A mbs2 / mbs1 throughput": 1.111,
+    }
+
+
+def test_viztracer_rows_compare_steps_outside_the_window():
+    steps = {i: 100.0 for i in range(1, 31)} | {i: 150.0 for i in range(11, 16)} | {16: 140.0}
+    traced = {"median_step_ms": 105.0, "step_ms": steps}
+    bench_launch.add_derived("tiny_viztracer_installed_window_10_15", traced)
+    assert traced["median_step_ms_outside_window"] == 100.0
+    assert traced["step_16_ms"] == 140.0
+    ratios = bench_launch.ratios(
+        {"tiny_viztracer_not_installed": row(125.0), "tiny_viztracer_installed_window_10_15": traced}
+    )
+    assert ratios == {"viztracer installed / not, outside window": 0.8, "step after window / normal step": 1.4}
