@@ -27,9 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 TARGET_S = 20.0
 
 
-def recipe_arguments(recipe: str, model_dirs: Path) -> list[str]:
-    shape = hf_models.RECIPE_SHAPES[recipe]
-    return [f"hf_path={hf_models.write(shape, model_dirs / shape)}"] if shape else []
+def model_folders(scratch: Path) -> dict[str, Path]:
+    """One Hugging Face folder per shape the recipes read (both DeepSeek recipes share one)."""
+    shapes = {shape for shape in hf_models.RECIPE_SHAPES.values() if shape}
+    return {shape: hf_models.write(shape, scratch / shape) for shape in shapes}
 
 
 def time_print_config(recipe: str, arguments: list[str], outputs: Path) -> float:
@@ -43,8 +44,9 @@ def time_print_config(recipe: str, arguments: list[str], outputs: Path) -> float
 def measure(repeat: int) -> dict[str, dict]:
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for recipe in sorted(hf_models.RECIPE_SHAPES):
-            arguments = recipe_arguments(recipe, Path(scratch))
+        folders = model_folders(Path(scratch))
+        for recipe, shape in sorted(hf_models.RECIPE_SHAPES.items()):
+            arguments = [f"hf_path={folders[shape]}"] if shape else []
             seconds = [time_print_config(recipe, arguments, Path(scratch) / "outputs") for _ in range(repeat)]
             rows[recipe] = {
                 "median_s": round(statistics.median(seconds), 1),
