@@ -8,6 +8,8 @@
 
 A NAME that is a parameter of the recipe's configure() is passed to it (hf_path=..., use_megatron_fsdp=true);
 every other NAME=VALUE overrides the returned ConfigContainer (train.train_iters=1000). Values use Hydra's grammar.
+mixed_precision=NAME picks a Megatron Bridge preset (bf16_with_fp8_current_scaling_mixed); mixed_precision.FIELD=VALUE
+then changes one of its fields (mixed_precision.first_last_layers_bf16=false).
 Bad input is one line on stderr and exit status 2, before distributed init or any GPU work.
 """
 
@@ -58,7 +60,7 @@ with chatter_held_back(QUIET):
     from megatron.bridge.training.pretrain import pretrain
 
     import viztracer_plugin
-    from launcher import checks, outputs, overrides
+    from launcher import checks, outputs, overrides, precision
     from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
@@ -122,7 +124,8 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     kwargs, config_overrides = overrides.split_for_configure(recipe.configure, parsed)
     cfg = build_config(recipe, kwargs)
     outputs.place_outputs(cfg, outputs.run_dir(args.recipe))
-    applied = {**kwargs, **overrides.apply(cfg, config_overrides)}
+    config_overrides, preset = precision.choose_preset(cfg, config_overrides)
+    applied = {**kwargs, **preset, **overrides.apply(cfg, config_overrides)}
     checks.check_config(cfg, world_size(args))
     return cfg, applied
 

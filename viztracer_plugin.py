@@ -12,10 +12,11 @@ import atexit
 import os
 import signal
 import sys
+import traceback
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import megatron.bridge.training.train as upstream_train
 from megatron.bridge.training.config import ConfigContainer, ProfilingConfig
@@ -56,60 +57,102 @@ def trace_path(rank: int) -> Path:
 
 
 class WindowTracer:
-    """One VizTracer over one profiling window of this process, saved without stalling the other ranks."""
+    """One VizTracer over one profiling window of this process, written without stalling the other ranks.
+
+    At the window's end a forked child writes the trace while this rank goes on with the next step; written in this
+    process instead, a 38 MB trace held the next step 515 ms longer (bench/results/2026-11-30-pm-launch-bench.md).
+    The rank frees its trace buffer only once the child has exited: freed while the child runs, each page of the
+    buffer would first be copied (copy-on-write), 87 ms for 350,000 events on a 2-core machine.
+    """
 
     def __init__(self) -> None:
         self.tracer: VizTracer | None = None
+        self.written: VizTracer | None = None  # stopped; its forked writer still reads the buffer
         self.writer_pid: int | None = None
+        self.rank = 0
         self.used = False
 
     def start(self, rank: int) -> None:
         path = trace_path(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         # register_global=False: VizTracer would otherwise keep a global reference alive into interpreter shutdown.
+        # dump_raw=True: VizTracer's C writer (unless log_torch merges a torch trace), several times faster than its
+        # Python one, so the writer's copy-on-write snapshot of this process lives shorter; it omits the source
+        # files VizTracer would embed for its viewer's source panel.
         self.tracer = VizTracer(
             output_file=str(path),
             log_torch=os.environ.get("VIZTRACER_LOG_TORCH", "0") == "1",
             register_global=False,
             verbose=0,
+            dump_raw=True,
         )
         self.tracer.start()
+        self.rank = rank
         self.used = True
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self.save_then_terminate)
 
     def stop(self) -> None:
-        """End the window; write the trace in a forked child so this rank goes straight on to the next step."""
+        """End the window; a forked child writes the trace."""
         if self.tracer is None:
             return
         self.tracer.stop()
+        self.tracer.setpid()  # the trace names this rank's pid, not the writer's
         pid = os.fork()
         if pid == 0:
-            self.tracer.save()
-            os._exit(0)
-        self.writer_pid = pid
-        self.release()
+            write_and_exit(self.tracer)
+        self.writer_pid, self.written, self.tracer = pid, self.tracer, None
+
+    def reap(self, wait: bool) -> None:
+        """Once the writer has exited: report how it ended and free the trace buffer."""
+        if self.writer_pid is None:
+            return
+        pid, status = os.waitpid(self.writer_pid, 0 if wait else os.WNOHANG)
+        if pid == 0:
+            return
+        path = self.written.output_file
+        if os.waitstatus_to_exitcode(status) == 0:
+            print(f"[profiling] rank {self.rank}: viztracer trace written to {path}", flush=True)
+        else:
+            print(f"[profiling] rank {self.rank}: viztracer failed to write {path} (see its error above)", flush=True)
+        release(self.written)
+        self.writer_pid = self.written = None
 
     def flush(self) -> None:
-        """Save a window that training left open (an exception or exit inside it), and wait for the writer."""
+        """Write a window that training left open (an exception or exit inside it), and wait for the writer."""
         if self.tracer is not None:
             self.tracer.stop()
             self.tracer.save()
-            self.release()
-        if self.writer_pid is not None:
-            os.waitpid(self.writer_pid, 0)
-            self.writer_pid = None
-
-    def release(self) -> None:
-        # Free the trace buffer (and, with log_torch, the torch profiler) now rather than at interpreter shutdown.
-        self.tracer.torch_profile = None
-        self.tracer.clear()
-        self.tracer = None
+            release(self.tracer)
+            self.tracer = None
+        self.reap(wait=True)
 
     def save_then_terminate(self, signum: int, frame: FrameType | None) -> None:
         self.flush()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+
+def write_and_exit(tracer: VizTracer) -> NoReturn:
+    """The forked writer: save the trace, then leave without unwinding into the training loop it was forked from."""
+    # A job being stopped signals the writer too: it finishes the trace, which the rank's exit handler waits for.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    status = 1
+    try:
+        tracer.save()
+        status = 0
+    except BaseException:  # whatever it is, it must end here: printed, and the rank reports the failed write
+        traceback.print_exc()
+    finally:
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def release(tracer: VizTracer) -> None:
+    # Free the trace buffer (and, with log_torch, the torch profiler) now rather than at interpreter shutdown.
+    tracer.torch_profile = None
+    tracer.clear()
 
 
 WINDOW = WindowTracer()
@@ -156,6 +199,7 @@ def install() -> None:
 
     def handle_profiling_step(config: Any, iteration: int, rank: int, pytorch_prof: Any) -> Any:
         nvtx_context = step_hook(config, iteration, rank, pytorch_prof)
+        WINDOW.reap(wait=False)
         if iteration == getattr(config, "profile_step_start", None) and profiled(config, rank):
             if getattr(config, "use_viztracer", False):
                 WINDOW.start(rank)

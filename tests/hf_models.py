@@ -77,6 +77,7 @@ RECIPE_SHAPES = {
     "qwen3_30b_a3b_pretrain": "qwen3_moe",
     "llama3_8b_pretrain": None,
     "llama3_8b_h200_pretrain": None,
+    "llama3_8b_h200_fp8cs_pretrain": None,
     "tiny_gpt_pretrain": None,
 }
 

@@ -34,3 +34,21 @@ def test_viztracer_rows_compare_steps_outside_the_window():
         {"tiny_viztracer_not_installed": row(125.0), "tiny_viztracer_installed_window_10_15": traced}
     )
     assert ratios == {"viztracer installed / not, outside window": 0.8, "step after window / normal step": 1.4}
+
+
+def test_precision_specific_tuning_runs_only_at_its_precision():
+    cases = bench_launch.cases()
+    assert "llama3_8b_fsdp_fp8cs_mbs2_A_ours+fp8_all_layers" in cases
+    assert "llama3_8b_fsdp_bf16_mbs2_A_ours+fp8_all_layers" not in cases
+    command = cases["llama3_8b_fsdp_bf16_mbs2_A_ours+no_nan_checks"]
+    assert command[-3:] == [
+        "mixed_precision=bf16_mixed",
+        "ddp.check_for_nan_in_grad=false",
+        "rerun_state_machine.check_for_nan_in_loss=false",
+    ]
+
+
+def test_recipe_ab_ratio_is_reported():
+    recipe = "llama3_8b_h200_fp8cs_recipe"
+    ratios = bench_launch.ratios({f"{recipe}_A_ours": row(100.0), f"{recipe}_B_upstream": row(101.0)})
+    assert ratios == {f"{recipe} A/B throughput": 1.01}

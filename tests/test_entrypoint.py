@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
 
 import entrypoint
 from launcher.errors import UsageError
@@ -78,6 +79,26 @@ def test_env_vars_dict_accepts_added_keys(output_root: Path):
 
 
 @pytest.mark.parametrize(
+    "arguments",
+    [
+        ["mixed_precision=bf16_with_fp8_current_scaling_mixed", "mixed_precision.first_last_layers_bf16=false"],
+        ["mixed_precision.first_last_layers_bf16=false", "mixed_precision=bf16-with-fp8-current-scaling-mixed"],
+    ],
+)
+def test_mixed_precision_preset_is_chosen_before_its_fields_are_set(output_root: Path, arguments: list[str]):
+    cfg = resolve(TINY, *arguments)
+    assert isinstance(cfg.mixed_precision, MixedPrecisionConfig)
+    assert (cfg.mixed_precision.fp8, cfg.mixed_precision.fp8_recipe) == ("hybrid", "tensorwise")
+    assert cfg.mixed_precision.first_last_layers_bf16 is False
+
+
+def test_recipe_preset_name_is_resolved_so_its_fields_can_be_set(output_root: Path):
+    assert resolve(TINY).mixed_precision == get_mixed_precision_config("bf16_mixed")
+    assert resolve(TINY, "mixed_precision.grad_reduce_in_fp32=false").mixed_precision.grad_reduce_in_fp32 is False
+    assert resolve(TINY, "mixed_precision=null").mixed_precision is None
+
+
+@pytest.mark.parametrize(
     ("arguments", "message"),
     [
         (
@@ -89,6 +110,12 @@ def test_env_vars_dict_accepts_added_keys(output_root: Path):
             ["trian.train_iters=5"],
             "unknown config key 'trian.train_iters' (the config has no section 'trian'); did you",
         ),
+        (
+            ["mixed_precision=bf16_with_fp8_current_scaling_mixd"],
+            "unknown mixed_precision preset 'bf16_with_fp8_current_scaling_mixd': "
+            "did you mean 'bf16_with_fp8_current_scaling_mixed'? presets: bf16_mixed, ",
+        ),
+        (["mixed_precision.first_last_layer_bf16=false"], "did you mean 'mixed_precision.first_last_layers_bf16'?"),
         (["model.tensor_model_parallel_size=abc"], "model.tensor_model_parallel_size=abc has the wrong type: "),
         (["train.train_iters=1.5"], "train.train_iters=1.5 has the wrong type: TrainingConfig.train_iters takes"),
         (["model.sequence_parallel=3"], "has the wrong type"),

@@ -1,5 +1,6 @@
 """The shipped recipes and the shared switches, against the real megatron-bridge config classes, offline."""
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from megatron.bridge import AutoBridge
+from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TELayerNormColumnParallelLinear
 from megatron.core.transformer.mla_qk_norm_config import QKNormConfigResolver
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
@@ -132,6 +134,15 @@ def test_llama3_8b_h200_is_llama3_8b_with_micro_batch_2(output_root: Path):
     h200.train.micro_batch_size = 1
     for part in ("model", "train", "ddp", "optimizer", "scheduler", "dataset", "mixed_precision", "tokenizer"):
         assert getattr(h200, part) == getattr(base, part), part
+
+
+def test_llama3_8b_h200_fp8cs_is_the_h200_recipe_in_fp8_current_scaling_on_every_layer(output_root: Path):
+    h200, fp8 = resolve("llama3_8b_h200_pretrain.py"), resolve("llama3_8b_h200_fp8cs_pretrain.py")
+    preset = get_mixed_precision_config("bf16_with_fp8_current_scaling_mixed")
+    assert preset.first_last_layers_bf16 is True
+    assert fp8.mixed_precision == dataclasses.replace(preset, first_last_layers_bf16=False)
+    for part in ("model", "train", "ddp", "optimizer", "scheduler", "dataset", "tokenizer"):
+        assert getattr(fp8, part) == getattr(h200, part), part
 
 
 @pytest.mark.parametrize(

@@ -74,10 +74,32 @@ def traced_steps(trace: Path) -> int:
 def test_profiled_rank_writes_one_trace_holding_exactly_the_window(tmp_path: Path):
     result = run_loop(tmp_path, 0)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["trace_rank0.json"]
-    assert traced_steps(tmp_path / "traces" / "trace_rank0.json") == 4  # steps 4 to 7 (start=3, end=7)
+    trace = tmp_path / "traces" / "trace_rank0.json"
+    assert sorted(p.name for p in trace.parent.iterdir()) == [trace.name]
+    assert traced_steps(trace) == 4  # steps 4 to 7 (start=3, end=7)
     assert "[profiling] rank 0: viztracer window opens before step 4" in result.stdout
     assert "[profiling] rank 0: viztracer window closes after step 7" in result.stdout
+    assert f"[profiling] rank 0: viztracer trace written to {trace}" in result.stdout
+
+
+def test_trace_names_the_training_process_not_its_forked_writer(tmp_path: Path):
+    result = run_loop(tmp_path, 0)
+    assert result.returncode == 0, result.stderr
+    training_pid = int(result.stdout.split("training pid ")[1].split()[0])
+    events = json.loads((tmp_path / "traces" / "trace_rank0.json").read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e.get("ph") == "X"} == {training_pid}
+
+
+def test_failed_trace_writer_is_reported_and_training_goes_on(tmp_path: Path):
+    (tmp_path / "traces" / "trace_rank0.json").mkdir(parents=True)  # the writer cannot open a directory as its file
+    result = run_loop(tmp_path, 0)
+    assert result.returncode == 0, result.stderr
+    trace = tmp_path / "traces" / "trace_rank0.json"
+    assert f"Can't open file {trace} to write" in result.stderr  # VizTracer's error, printed by the writer
+    assert f"[profiling] rank 0: viztracer failed to write {trace} (see its error above)" in result.stdout
+    # The writer ended where it was forked: it did not go on running the training loop as a second rank 0.
+    assert result.stdout.count("training pid") == 1
+    assert result.stdout.count("viztracer window closes") == 1
 
 
 def test_rank_outside_profile_ranks_writes_nothing(tmp_path: Path):
