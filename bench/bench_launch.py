@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.megatron_log, as the GPU suite imports it
 
-from bench import megatron_log
+from bench import kernel_breakdown, megatron_log
 
 REPO = Path(__file__).resolve().parents[1]
 GPUS = 2
@@ -58,12 +58,13 @@ def ours(recipe: str, *args: str, env: tuple[str, ...] = ()) -> list[str]:
     return [*(("env", *env) if env else ()), str(REPO / "srun.sh"), "--local", recipe, *args]
 
 
-def upstream(recipe: str, *args: str) -> list[str]:
+def upstream(recipe: str, *args: str, gpus: int = GPUS, port: int = 29500) -> list[str]:
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        f"--nproc_per_node={GPUS}",
+        f"--nproc_per_node={gpus}",
+        f"--master_port={port}",
         "bench/upstream_pretrain.py",
         recipe,
         *args,
@@ -95,7 +96,24 @@ TUNING = {
     "no_nan_checks": Tuning(
         overrides=("ddp.check_for_nan_in_grad=false", "rerun_state_machine.check_for_nan_in_loss=false")
     ),
+    # NCCL user-buffer registration for Megatron FSDP's all-gathers and reduce-scatters, whose kernels then occupy
+    # fewer SMs. 1.009x on the FP8 recipe; not shipped (untried with EFA across nodes).
+    "nccl_ub": Tuning(overrides=("ddp.nccl_ub=true",)),
+    # Transformer Engine's operation fuser: the MLP as one sequence of TE operations, neighbouring ones fused.
+    # 1.030-1.038x in FP8: recipes/llama3_8b_h200_fp8cs_pretrain.py sets it.
+    "te_op_fuser": Tuning(overrides=("model.use_transformer_engine_op_fuser=true",)),
+    # Attention in FP8 (cuDNN): about 1.02x, but every attention layer's numerics change; not shipped.
+    "fp8_attention": Tuning(overrides=("model.fp8_dot_product_attention=true",), precisions=("fp8cs",)),
 }
+# One step of rank 0 under the PyTorch profiler; bench/kernel_breakdown.py says where its GPU time went.
+KERNEL_PROFILE = (
+    "profiling.use_pytorch_profiler=true",
+    "profiling.profile_step_start=4",
+    "profiling.profile_step_end=5",
+    "profiling.profile_ranks=[0]",
+)
+RECIPE_CASE = "llama3_8b_h200_fp8cs_recipe"
+RECIPE_SETS = ("fp8_all_layers", "te_op_fuser")  # tuning the FP8 recipe already has
 
 
 def cases() -> dict[str, list[str]]:
@@ -109,8 +127,14 @@ def cases() -> dict[str, list[str]]:
             for variant, tuning in TUNING.items():
                 if name in tuning.precisions:
                     table[f"{case}_A_ours+{variant}"] = ours(LLAMA, *args, *tuning.overrides, env=tuning.env)
-    table["llama3_8b_h200_fp8cs_recipe_A_ours"] = ours(LLAMA_H200_FP8, *LLAMA_ARGS)
-    table["llama3_8b_h200_fp8cs_recipe_B_upstream"] = upstream(LLAMA_H200_FP8, *LLAMA_ARGS)
+            table[f"{case}_A_ours+kernel_profile"] = ours(LLAMA, *args, *KERNEL_PROFILE)
+    table[f"{RECIPE_CASE}_A_ours"] = ours(LLAMA_H200_FP8, *LLAMA_ARGS)
+    table[f"{RECIPE_CASE}_B_upstream"] = upstream(LLAMA_H200_FP8, *LLAMA_ARGS)
+    table[f"{RECIPE_CASE}_A_ours+kernel_profile"] = ours(LLAMA_H200_FP8, *LLAMA_ARGS, *KERNEL_PROFILE)
+    for variant, tuning in TUNING.items():
+        if "fp8cs" in tuning.precisions and variant not in RECIPE_SETS:
+            args = (*LLAMA_ARGS, *tuning.overrides)
+            table[f"{RECIPE_CASE}_A_ours+{variant}"] = ours(LLAMA_H200_FP8, *args, env=tuning.env)
     table["tiny_viztracer_not_installed"] = upstream(TINY, *TINY_ARGS)
     table["tiny_viztracer_installed_window_10_15"] = ours(TINY, *TINY_ARGS, "profiling.use_viztracer=true", *WINDOW)
     return table
@@ -127,29 +151,41 @@ def stop(case: subprocess.Popen) -> None:
         case.wait()
 
 
-def run_case(command: list[str], log: Path, timeout_s: int) -> dict:
-    """Run one case in its own process group, so that a case past its time can be stopped with all its ranks."""
-    env = {**os.environ, "GPUS_PER_NODE": str(GPUS)}
-    start = time.monotonic()
+def start_case(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start one case in its own process group, so that a case past its time can be stopped with all its ranks."""
     with log.open("w") as out:
-        case = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        return subprocess.Popen(
+            command,
+            cwd=REPO,
+            env={**os.environ, "GPUS_PER_NODE": str(GPUS), **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-        try:
-            returncode: int | str = case.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stop(case)
-            returncode = f"timeout {timeout_s} s"
+
+
+def finish_case(case: subprocess.Popen, log: Path, deadline: float, started: float) -> dict:
+    """Wait for a started case until `deadline` (time.monotonic()), then read its training log."""
+    try:
+        returncode: int | str = case.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        stop(case)
+        returncode = f"timeout {round(deadline - started)} s"
     training = megatron_log.parse(log.read_text())
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "returncode": returncode,
-        "wall_s": round(time.monotonic() - start, 1),
+        "wall_s": round(time.monotonic() - started, 1),
         "step_ms": training.step_ms,
         "median_step_ms": training.median_step_ms(),
         "peak_mem_gb": training.peak_mem_gb,
         "median_tflops_per_gpu": training.median_tflops_per_gpu(),
     }
+
+
+def run_case(command: list[str], log: Path, timeout_s: int) -> dict:
+    started = time.monotonic()
+    return finish_case(start_case(command, log), log, started + timeout_s, started)
 
 
 def add_derived(name: str, row: dict) -> None:
@@ -165,6 +201,15 @@ def add_derived(name: str, row: dict) -> None:
         ]
         row["median_step_ms_outside_window"] = statistics.median(outside)
         row["step_16_ms"] = row["step_ms"].get(after_window)
+
+
+def profiled_kernels(since: float) -> dict | None:
+    """Where the GPU time of the step a +kernel_profile case traced went (rank 0's trace, written after `since`)."""
+    traces = [t for t in (REPO / "outputs").glob("*/*/torch_profile/rank-0.json.gz") if t.stat().st_mtime >= since]
+    if not traces:
+        return None
+    newest = max(traces, key=lambda trace: trace.stat().st_mtime)
+    return kernel_breakdown.breakdown(kernel_breakdown.load_kernels(newest))
 
 
 def markdown(result: dict) -> str:
@@ -190,6 +235,9 @@ def markdown(result: dict) -> str:
     for name, row in result["cases"].items():
         lines.append("| " + " | ".join(str(row.get(c, name if c == "case" else "")) for c in columns) + " |")
     lines += ["", "Ratios:", ""] + [f"- {k}: {v}" for k, v in result["ratios"].items()]
+    for name, row in result["cases"].items():
+        if row.get("kernels"):
+            lines += ["", f"GPU time of one step, `{name}` (rank 0):", "", kernel_breakdown.markdown(row["kernels"])]
     lines += ["", "Commands:", ""] + [f"- `{name}`: `{' '.join(cmd)}`" for name, cmd in result["commands"].items()]
     return "\n".join(lines) + "\n"
 
@@ -214,9 +262,12 @@ def ratios(rows: dict) -> dict:
         mbs1, mbs2 = rows.get(f"llama3_8b_fsdp_{name}_mbs1_A_ours"), rows.get(f"llama3_8b_fsdp_{name}_mbs2_A_ours")
         if (ratio := faster(mbs1, mbs2)) is not None:
             out[f"{name} A mbs2 / mbs1 throughput"] = ratio
-    recipe = "llama3_8b_h200_fp8cs_recipe"
-    if (ratio := faster(rows.get(f"{recipe}_B_upstream"), rows.get(f"{recipe}_A_ours"))) is not None:
-        out[f"{recipe} A/B throughput"] = ratio
+    recipe_a = rows.get(f"{RECIPE_CASE}_A_ours")
+    if (ratio := faster(rows.get(f"{RECIPE_CASE}_B_upstream"), recipe_a)) is not None:
+        out[f"{RECIPE_CASE} A/B throughput"] = ratio
+    for variant in TUNING:
+        if (ratio := faster(recipe_a, rows.get(f"{RECIPE_CASE}_A_ours+{variant}"))) is not None:
+            out[f"{RECIPE_CASE} A+{variant} / A throughput"] = ratio
     base, traced = rows.get("tiny_viztracer_not_installed"), rows.get("tiny_viztracer_installed_window_10_15")
     if base and traced and base["median_step_ms"] and traced.get("median_step_ms_outside_window"):
         out["viztracer installed / not, outside window"] = round(
@@ -234,14 +285,22 @@ def hardware() -> str:
     return subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip().replace("\n", "; ")
 
 
+def versions() -> dict[str, str]:
+    return {p: metadata.version(p) for p in ("torch", "megatron-core", "megatron-bridge", "transformer-engine")}
+
+
+def fix_dataset_helpers() -> None:
+    """Like run_gpu_suite.sh: a pip-installed megatron-core needs this once, or rank 0 exits at start-up."""
+    fix = ["bash", str(REPO / "tools" / "fix_dataset_helpers.sh")]
+    subprocess.run(fix, env={**os.environ, "PYTHON": sys.executable}, check=True)
+
+
 def write(prefix: Path, rows: dict, commands: dict) -> dict:
     """Write PREFIX.json and PREFIX.md; called after every case, so a device call cut short keeps what it measured."""
     result = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "hardware": f"{GPUS} x {hardware()}",
-        "versions": {
-            p: metadata.version(p) for p in ("torch", "megatron-core", "megatron-bridge", "transformer-engine")
-        },
+        "versions": versions(),
         "cases": rows,
         "ratios": ratios(rows),
         "commands": {name: commands[name] for name in rows},
@@ -259,14 +318,15 @@ def main() -> None:
     args = parser.parse_args()
     table = cases()
     selected = {name: table[name] for name in (args.case or table)}
-    # Like run_gpu_suite.sh: a pip-installed megatron-core needs this once, or rank 0 exits at start-up.
-    fix = ["bash", str(REPO / "tools" / "fix_dataset_helpers.sh")]
-    subprocess.run(fix, env={**os.environ, "PYTHON": sys.executable}, check=True)
+    fix_dataset_helpers()
     results = args.prefix.with_suffix(".json")
     earlier = json.loads(results.read_text()) if results.exists() else {}
     rows, commands = earlier.get("cases", {}), {**earlier.get("commands", {}), **selected}
     for name, command in selected.items():
+        started = time.time()
         rows[name] = run_case(command, args.prefix.parent / f"{name}.log", args.timeout)
+        if name.endswith("+kernel_profile"):
+            rows[name]["kernels"] = profiled_kernels(started)
         add_derived(name, rows[name])
         print(name, {k: v for k, v in rows[name].items() if k != "step_ms"}, flush=True)
         result = write(args.prefix, rows, commands)

@@ -52,3 +52,14 @@ def test_recipe_ab_ratio_is_reported():
     recipe = "llama3_8b_h200_fp8cs_recipe"
     ratios = bench_launch.ratios({f"{recipe}_A_ours": row(100.0), f"{recipe}_B_upstream": row(101.0)})
     assert ratios == {f"{recipe} A/B throughput": 1.01}
+
+
+def test_recipe_tuning_is_measured_against_the_recipe_and_skips_what_the_recipe_already_sets():
+    recipe = bench_launch.RECIPE_CASE
+    cases = bench_launch.cases()
+    assert f"{recipe}_A_ours+nccl_ub" in cases
+    assert f"{recipe}_A_ours+fp8_all_layers" not in cases
+    assert f"{recipe}_A_ours+te_op_fuser" not in cases
+    assert cases[f"{recipe}_A_ours+kernel_profile"][-4:] == list(bench_launch.KERNEL_PROFILE)
+    ratios = bench_launch.ratios({f"{recipe}_A_ours": row(100.0), f"{recipe}_A_ours+nccl_ub": row(99.0)})
+    assert ratios == {f"{recipe} A+nccl_ub / A throughput": 1.01}

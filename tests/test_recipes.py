@@ -8,9 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 from megatron.bridge import AutoBridge
+from megatron.bridge.models.gpt_provider import default_layer_spec
 from megatron.bridge.training.mixed_precision import get_mixed_precision_config
-from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TELayerNormColumnParallelLinear
+from megatron.core.extensions.transformer_engine import (
+    TEColumnParallelLinear,
+    TEFusedMLP,
+    TELayerNormColumnParallelLinear,
+)
 from megatron.core.transformer.mla_qk_norm_config import QKNormConfigResolver
+from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
 import entrypoint
@@ -136,13 +142,23 @@ def test_llama3_8b_h200_is_llama3_8b_with_micro_batch_2(output_root: Path):
         assert getattr(h200, part) == getattr(base, part), part
 
 
-def test_llama3_8b_h200_fp8cs_is_the_h200_recipe_in_fp8_current_scaling_on_every_layer(output_root: Path):
+def test_llama3_8b_h200_fp8cs_is_the_h200_recipe_in_fp8_on_every_layer_with_the_op_fuser(output_root: Path):
     h200, fp8 = resolve("llama3_8b_h200_pretrain.py"), resolve("llama3_8b_h200_fp8cs_pretrain.py")
     preset = get_mixed_precision_config("bf16_with_fp8_current_scaling_mixed")
     assert preset.first_last_layers_bf16 is True
     assert fp8.mixed_precision == dataclasses.replace(preset, first_last_layers_bf16=False)
+    assert (h200.model.use_transformer_engine_op_fuser, fp8.model.use_transformer_engine_op_fuser) == (False, True)
+    fp8.model.use_transformer_engine_op_fuser = False
     for part in ("model", "train", "ddp", "optimizer", "scheduler", "dataset", "tokenizer"):
         assert getattr(fp8, part) == getattr(h200, part), part
+
+
+def test_llama3_8b_h200_fp8cs_mlp_is_te_fused_over_the_same_linear_layers(output_root: Path):
+    """Same submodules, so the same parameter names: Hugging Face weights and checkpoints map as before."""
+    h200, fp8 = resolve("llama3_8b_h200_pretrain.py"), resolve("llama3_8b_h200_fp8cs_pretrain.py")
+    fused, plain = (default_layer_spec(cfg.model).submodules.mlp for cfg in (fp8, h200))
+    assert (fused.func.__self__, plain.func.__self__) == (TEFusedMLP, MLP)
+    assert fused.keywords["submodules"] == plain.keywords["submodules"]
 
 
 @pytest.mark.parametrize(
