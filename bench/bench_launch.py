@@ -13,6 +13,7 @@ median over the steps after megatron_log.WARMUP_STEPS; tokens/s/GPU = global bat
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -47,6 +48,7 @@ PRECISIONS = {"bf16": "bf16_mixed", "fp8cs": "bf16_with_fp8_current_scaling_mixe
 TINY = "recipes/tiny_gpt_pretrain.py"
 TINY_ARGS = ("train.train_iters=40", NO_FUSION)
 WINDOW_START, WINDOW_END = 10, 15  # traces steps 11..15; step 16 pays for stopping the trace
+AFTER_WINDOW = WINDOW_END + 1
 WINDOW = (
     f"profiling.profile_step_start={WINDOW_START}",
     f"profiling.profile_step_end={WINDOW_END}",
@@ -114,6 +116,7 @@ KERNEL_PROFILE = (
 )
 RECIPE_CASE = "llama3_8b_h200_fp8cs_recipe"
 RECIPE_SETS = ("fp8_all_layers", "te_op_fuser")  # tuning the FP8 recipe already has
+RUN_DIR = re.compile(r"entrypoint\.py: outputs in (.+)$", re.MULTILINE)
 
 
 def cases() -> dict[str, list[str]]:
@@ -164,13 +167,13 @@ def start_case(command: list[str], log: Path, env: dict[str, str] | None = None)
         )
 
 
-def finish_case(case: subprocess.Popen, log: Path, deadline: float, started: float) -> dict:
-    """Wait for a started case until `deadline` (time.monotonic()), then read its training log."""
+def finish_case(case: subprocess.Popen, log: Path, started: float, timeout_s: int) -> dict:
+    """Wait for a case started at `started` (time.monotonic()) until timeout_s after that, then read its log."""
     try:
-        returncode: int | str = case.wait(timeout=max(0.0, deadline - time.monotonic()))
+        returncode: int | str = case.wait(timeout=max(0.0, started + timeout_s - time.monotonic()))
     except subprocess.TimeoutExpired:
         stop(case)
-        returncode = f"timeout {round(deadline - started)} s"
+        returncode = f"timeout {timeout_s} s"
     training = megatron_log.parse(log.read_text())
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -185,7 +188,7 @@ def finish_case(case: subprocess.Popen, log: Path, deadline: float, started: flo
 
 def run_case(command: list[str], log: Path, timeout_s: int) -> dict:
     started = time.monotonic()
-    return finish_case(start_case(command, log), log, started + timeout_s, started)
+    return finish_case(start_case(command, log), log, started, timeout_s)
 
 
 def add_derived(name: str, row: dict) -> None:
@@ -193,23 +196,27 @@ def add_derived(name: str, row: dict) -> None:
         tokens_per_step = LLAMA_GLOBAL_BATCH * LLAMA_SEQUENCE
         row["tokens_per_s_per_gpu"] = round(tokens_per_step / (row["median_step_ms"] / 1000) / GPUS)
     if name.startswith("tiny_viztracer_installed") and row["step_ms"]:
-        after_window = WINDOW_END + 1
-        outside = [
-            ms
-            for i, ms in row["step_ms"].items()
-            if i > megatron_log.WARMUP_STEPS and not WINDOW_START < i <= after_window
-        ]
-        row["median_step_ms_outside_window"] = statistics.median(outside)
-        row["step_16_ms"] = row["step_ms"].get(after_window)
+        row["median_step_ms_outside_window"] = statistics.median(outside_window(row["step_ms"]))
+        row["step_16_ms"] = row["step_ms"].get(AFTER_WINDOW)
 
 
-def profiled_kernels(since: float) -> dict | None:
-    """Where the GPU time of the step a +kernel_profile case traced went (rank 0's trace, written after `since`)."""
-    traces = [t for t in (REPO / "outputs").glob("*/*/torch_profile/rank-0.json.gz") if t.stat().st_mtime >= since]
-    if not traces:
+def outside_window(step_ms: dict[int, float]) -> list[float]:
+    """Step times after warm-up, without the traced steps and the step that pays for writing the trace."""
+    return [
+        ms
+        for step, ms in step_ms.items()
+        if step > megatron_log.WARMUP_STEPS and not WINDOW_START < step <= AFTER_WINDOW
+    ]
+
+
+def profiled_kernels(log: Path) -> dict | None:
+    """Where the GPU time went in the step a +kernel_profile case traced: rank 0's trace, in the run directory that
+    entrypoint.py logged (Megatron Bridge writes it beside tb_logs/)."""
+    run_dir = RUN_DIR.search(log.read_text())
+    trace = Path(run_dir.group(1)) / "torch_profile" / "rank-0.json.gz" if run_dir else None
+    if trace is None or not trace.exists():
         return None
-    newest = max(traces, key=lambda trace: trace.stat().st_mtime)
-    return kernel_breakdown.breakdown(kernel_breakdown.load_kernels(newest))
+    return kernel_breakdown.breakdown(kernel_breakdown.load_kernels(trace))
 
 
 def markdown(result: dict) -> str:
@@ -323,10 +330,10 @@ def main() -> None:
     earlier = json.loads(results.read_text()) if results.exists() else {}
     rows, commands = earlier.get("cases", {}), {**earlier.get("commands", {}), **selected}
     for name, command in selected.items():
-        started = time.time()
-        rows[name] = run_case(command, args.prefix.parent / f"{name}.log", args.timeout)
+        log = args.prefix.parent / f"{name}.log"
+        rows[name] = run_case(command, log, args.timeout)
         if name.endswith("+kernel_profile"):
-            rows[name]["kernels"] = profiled_kernels(started)
+            rows[name]["kernels"] = profiled_kernels(log)
         add_derived(name, rows[name])
         print(name, {k: v for k, v in rows[name].items() if k != "step_ms"}, flush=True)
         result = write(args.prefix, rows, commands)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import bench_launch, megatron_log
+from bench import bench_launch
 
 RUNS = ("not_installed", "installed")
 GPU_PAIR = ("0", "1")
@@ -33,15 +33,6 @@ def commands(steps: int) -> dict[str, list[str]]:
         "not_installed": bench_launch.upstream(bench_launch.TINY, *args, gpus=1, port=PORTS["not_installed"]),
         "installed": bench_launch.ours(bench_launch.TINY, *traced),
     }
-
-
-def compared_steps(step_ms: dict[int, float]) -> list[float]:
-    """Steps after warm-up, without the traced steps and the step that pays for writing the trace."""
-    return [
-        ms
-        for step, ms in step_ms.items()
-        if step > megatron_log.WARMUP_STEPS and not bench_launch.WINDOW_START < step <= bench_launch.WINDOW_END + 1
-    ]
 
 
 def gpus_of_round(index: int) -> tuple[str, str]:
@@ -59,7 +50,7 @@ def run_round(index: int, steps: int, logs: Path, timeout_s: int) -> dict:
         log = logs / f"round{index}_{run}.log"
         running[run] = (bench_launch.start_case(command, log, env), log, gpu)
     pair = {
-        run: bench_launch.finish_case(case, log, started + timeout_s, started) | {"gpu": gpu}
+        run: bench_launch.finish_case(case, log, started, timeout_s) | {"gpu": gpu}
         for run, (case, log, gpu) in running.items()
     }
     return compare(pair)
@@ -71,11 +62,11 @@ def compare(pair: dict) -> dict:
     Works on a pair read back from PREFIX.json too, where the step numbers are strings."""
     steps = {run: {int(step): ms for step, ms in pair[run]["step_ms"].items()} for run in RUNS}
     for run in RUNS:
-        compared = compared_steps(steps[run])
+        compared = bench_launch.outside_window(steps[run])
         pair[run]["median_compared_step_ms"] = round(statistics.median(compared), 2) if compared else None
     medians = [pair[run]["median_compared_step_ms"] for run in RUNS]
     pair["installed / not"] = round(medians[1] / medians[0], 4) if all(medians) else None
-    after_window = steps["installed"].get(bench_launch.WINDOW_END + 1)
+    after_window = steps["installed"].get(bench_launch.AFTER_WINDOW)
     if after_window and medians[1]:
         pair["step after window / installed median"] = round(after_window / medians[1], 2)
     return pair

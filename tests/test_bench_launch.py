@@ -1,6 +1,10 @@
 """bench/bench_launch.py's ratios: every one is a throughput ratio (> 1: the first-named case is faster), and the
 VizTracer step-16 figure leaves the traced steps and the step after them out of the median."""
 
+import gzip
+import json
+from pathlib import Path
+
 from bench import bench_launch
 
 
@@ -63,3 +67,16 @@ def test_recipe_tuning_is_measured_against_the_recipe_and_skips_what_the_recipe_
     assert cases[f"{recipe}_A_ours+kernel_profile"][-4:] == list(bench_launch.KERNEL_PROFILE)
     ratios = bench_launch.ratios({f"{recipe}_A_ours": row(100.0), f"{recipe}_A_ours+nccl_ub": row(99.0)})
     assert ratios == {f"{recipe} A+nccl_ub / A throughput": 1.01}
+
+
+def test_kernel_profile_is_read_from_the_run_directory_the_case_logged(tmp_path: Path):
+    run_dir = tmp_path / "outputs" / "llama3_8b_h200_fp8cs_pretrain" / "local-20261130-142158-2604"
+    (run_dir / "torch_profile").mkdir(parents=True)
+    gemm = {"ph": "X", "cat": "kernel", "name": "nvjet_sm90_qqtst_192x192", "ts": 0.0, "dur": 2000.0}
+    with gzip.open(run_dir / "torch_profile" / "rank-0.json.gz", "wt") as out:
+        json.dump({"traceEvents": [gemm]}, out)
+    log = tmp_path / "case.log"
+    log.write_text(f"0: entrypoint.py: ddp.nccl_ub = True\n0: entrypoint.py: outputs in {run_dir}\n")
+    assert bench_launch.profiled_kernels(log)["kernel_ms"] == {"gemm": 2.0}
+    log.write_text("0: entrypoint.py: outputs in /nowhere\n")
+    assert bench_launch.profiled_kernels(log) is None
