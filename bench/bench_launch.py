@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
+from itertools import combinations
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.megatron_log, as the GPU suite imports it
@@ -60,7 +61,8 @@ def ours(recipe: str, *args: str, env: tuple[str, ...] = ()) -> list[str]:
     return [*(("env", *env) if env else ()), str(REPO / "srun.sh"), "--local", recipe, *args]
 
 
-def upstream(recipe: str, *args: str, gpus: int = GPUS, port: int = 29500) -> list[str]:
+def upstream(recipe: str, *args: str, gpus: int = GPUS, port: int = 29500, plugin: bool = False) -> list[str]:
+    """B; with plugin=True, B plus our VizTracer plugin and nothing else of ours."""
     return [
         sys.executable,
         "-m",
@@ -68,6 +70,7 @@ def upstream(recipe: str, *args: str, gpus: int = GPUS, port: int = 29500) -> li
         f"--nproc_per_node={gpus}",
         f"--master_port={port}",
         "bench/upstream_pretrain.py",
+        *(("--viztracer-plugin",) if plugin else ()),
         recipe,
         *args,
     ]
@@ -102,10 +105,20 @@ TUNING = {
     # fewer SMs. 1.009x on the FP8 recipe; not shipped (untried with EFA across nodes).
     "nccl_ub": Tuning(overrides=("ddp.nccl_ub=true",)),
     # Transformer Engine's operation fuser: the MLP as one sequence of TE operations, neighbouring ones fused.
-    # 1.030-1.038x in FP8: recipes/llama3_8b_h200_fp8cs_pretrain.py sets it.
+    # 1.030-1.038x in FP8: recipes/llama3_8b_h200_fp8cs_pretrain.py sets it. 1.000x in BF16: not set there.
     "te_op_fuser": Tuning(overrides=("model.use_transformer_engine_op_fuser=true",)),
     # Attention in FP8 (cuDNN): about 1.02x, but every attention layer's numerics change; not shipped.
     "fp8_attention": Tuning(overrides=("model.fp8_dot_product_attention=true",), precisions=("fp8cs",)),
+    # cuDNN's attention backward with dP in a workspace instead of accumulating dQ with atomics. cuDNN takes that
+    # path only below a workspace limit (256 MB by default); sequence 8192 at micro-batch 2 needs 8.6 GB. 0.998x with
+    # peak memory unchanged, so cuDNN 9 did not take that path: not set.
+    "attn_dp_workspace": Tuning(env=("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT=17179869184",)),
+    # NCCL's Simple protocol only: the profile shows FSDP's collectives in the LL protocol, whose kernels poll flags
+    # on their SMs while compute kernels want them. 0.998x: not set.
+    "nccl_simple": Tuning(env=("NCCL_PROTO=Simple",)),
+    # At most 8 SMs (CTAs) per NCCL collective instead of up to 32: more SMs left to compute; on NVLink between two
+    # GPUs 8 still move FSDP's all-gathers and reduce-scatters under the compute they overlap. 0.993x: not set.
+    "nccl_8_ctas": Tuning(env=("NCCL_MAX_CTAS=8",)),
 }
 # One step of rank 0 under the PyTorch profiler; bench/kernel_breakdown.py says where its GPU time went.
 KERNEL_PROFILE = (
@@ -134,10 +147,13 @@ def cases() -> dict[str, list[str]]:
     table[f"{RECIPE_CASE}_A_ours"] = ours(LLAMA_H200_FP8, *LLAMA_ARGS)
     table[f"{RECIPE_CASE}_B_upstream"] = upstream(LLAMA_H200_FP8, *LLAMA_ARGS)
     table[f"{RECIPE_CASE}_A_ours+kernel_profile"] = ours(LLAMA_H200_FP8, *LLAMA_ARGS, *KERNEL_PROFILE)
-    for variant, tuning in TUNING.items():
-        if "fp8cs" in tuning.precisions and variant not in RECIPE_SETS:
-            args = (*LLAMA_ARGS, *tuning.overrides)
-            table[f"{RECIPE_CASE}_A_ours+{variant}"] = ours(LLAMA_H200_FP8, *args, env=tuning.env)
+    recipe_tuning = [variant for variant, tuning in TUNING.items() if "fp8cs" in tuning.precisions]
+    for chosen in (*([v] for v in recipe_tuning), *combinations(recipe_tuning, 2)):
+        if not set(chosen) & set(RECIPE_SETS):
+            tunings = [TUNING[variant] for variant in chosen]
+            args = (*LLAMA_ARGS, *(o for t in tunings for o in t.overrides))
+            env = tuple(e for t in tunings for e in t.env)
+            table[f"{RECIPE_CASE}_A_ours+{'+'.join(chosen)}"] = ours(LLAMA_H200_FP8, *args, env=env)
     table["tiny_viztracer_not_installed"] = upstream(TINY, *TINY_ARGS)
     table["tiny_viztracer_installed_window_10_15"] = ours(TINY, *TINY_ARGS, "profiling.use_viztracer=true", *WINDOW)
     return table
@@ -272,9 +288,10 @@ def ratios(rows: dict) -> dict:
     recipe_a = rows.get(f"{RECIPE_CASE}_A_ours")
     if (ratio := faster(rows.get(f"{RECIPE_CASE}_B_upstream"), recipe_a)) is not None:
         out[f"{RECIPE_CASE} A/B throughput"] = ratio
-    for variant in TUNING:
-        if (ratio := faster(recipe_a, rows.get(f"{RECIPE_CASE}_A_ours+{variant}"))) is not None:
-            out[f"{RECIPE_CASE} A+{variant} / A throughput"] = ratio
+    for name, row in rows.items():
+        tuned = name.removeprefix(f"{RECIPE_CASE}_A_ours+")
+        if tuned not in (name, "kernel_profile") and (ratio := faster(recipe_a, row)) is not None:
+            out[f"{RECIPE_CASE} A+{tuned} / A throughput"] = ratio
     base, traced = rows.get("tiny_viztracer_not_installed"), rows.get("tiny_viztracer_installed_window_10_15")
     if base and traced and base["median_step_ms"] and traced.get("median_step_ms_outside_window"):
         out["viztracer installed / not, outside window"] = round(

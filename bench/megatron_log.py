@@ -1,8 +1,8 @@
 """What Megatron Bridge's training log says about a run, read the same way by the GPU suite and the benchmark.
 
-Each logged iteration is one line: "iteration N/ M | ... elapsed time per iteration (ms): T | throughput per GPU
-(TFLOP/s/GPU): F | ... lm loss: L |". Peak memory is the line "[Rank 0] (after N iterations) memory (GB) | ... |
-mem-max-allocated-gigabytes: G |", printed after the first logged iterations.
+Each logged iteration is one line: "[YYYY-MM-DD HH:MM:SS] iteration N/ M | ... elapsed time per iteration (ms): T |
+throughput per GPU (TFLOP/s/GPU): F | ... lm loss: L |". Peak memory is the line "[Rank 0] (after N iterations)
+memory (GB) | ... | mem-max-allocated-gigabytes: G |", printed after the first logged iterations.
 """
 
 import re
@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
+LOGGED_AT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration")
 THROUGHPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
 LM_LOSS = re.compile(r"lm loss: ([\d.E+-]+|nan|inf)", re.IGNORECASE)
 MAX_ALLOCATED = re.compile(r"mem-max-allocated-gigabytes: ([\d.]+)")
@@ -23,6 +24,7 @@ class TrainingLog:
     step_ms: dict[int, float] = field(default_factory=dict)
     tflops_per_gpu: dict[int, float] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)
+    logged_at: dict[int, str] = field(default_factory=dict)  # "YYYY-MM-DD HH:MM:SS": sorts as it reads
     peak_mem_gb: float | None = None
 
     def median_step_ms(self, skip: int = WARMUP_STEPS) -> float | None:
@@ -48,6 +50,8 @@ def parse(text: str) -> TrainingLog:
                 log.tflops_per_gpu[step] = float(throughput.group(1))
             if loss := LM_LOSS.search(line):
                 log.losses[step] = float(loss.group(1))
+            if logged_at := LOGGED_AT.search(line):
+                log.logged_at[step] = logged_at.group(1)
         if memory := MAX_ALLOCATED.search(line):
             log.peak_mem_gb = max(log.peak_mem_gb or 0.0, float(memory.group(1)))
     return log

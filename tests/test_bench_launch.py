@@ -69,6 +69,18 @@ def test_recipe_tuning_is_measured_against_the_recipe_and_skips_what_the_recipe_
     assert ratios == {f"{recipe} A+nccl_ub / A throughput": 1.01}
 
 
+def test_two_recipe_tunings_together_carry_both_and_are_measured_against_the_recipe():
+    recipe = bench_launch.RECIPE_CASE
+    cases = bench_launch.cases()
+    command = cases[f"{recipe}_A_ours+nccl_ub+nccl_simple"]
+    assert command[:2] == ["env", "NCCL_PROTO=Simple"]
+    assert command[-1] == "ddp.nccl_ub=true"
+    assert f"{recipe}_A_ours+nccl_simple+nccl_ub" not in cases  # one name per pair
+    assert not [name for name in cases if name.startswith(f"{recipe}_A_ours+") and "te_op_fuser" in name]
+    rows = {f"{recipe}_A_ours": row(100.0), f"{recipe}_A_ours+nccl_ub+nccl_simple": row(98.0)}
+    assert bench_launch.ratios(rows) == {f"{recipe} A+nccl_ub+nccl_simple / A throughput": 1.02}
+
+
 def test_kernel_profile_is_read_from_the_run_directory_the_case_logged(tmp_path: Path):
     run_dir = tmp_path / "outputs" / "llama3_8b_h200_fp8cs_pretrain" / "local-20261130-142158-2604"
     (run_dir / "torch_profile").mkdir(parents=True)

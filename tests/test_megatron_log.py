@@ -22,6 +22,12 @@ def test_every_iteration_line_gives_its_step_time_throughput_and_loss():
     assert log.losses[1] == pytest.approx(11.1959)
     assert log.losses[3] == pytest.approx(5.213937)
     assert log.losses[4] != log.losses[4]  # nan is kept, so a test can see it
+    assert log.logged_at == {
+        1: "2026-11-30 10:41:12",
+        2: "2026-11-30 10:41:18",
+        3: "2026-11-30 10:41:24",
+        4: "2026-11-30 10:41:30",
+    }
 
 
 def test_peak_memory_is_the_largest_max_allocated_not_reserved():
