@@ -5,7 +5,7 @@ with the same environment: "not installed" as it is, "installed" with --viztrace
 installed as entrypoint.py installs it) tracing steps 11..15 (bench_launch.WINDOW). So the two differ by the plugin
 alone; srun.sh's launch against the upstream one is bench_launch.py's question. The next round swaps their GPUs.
 Each run is read over its steps after warm-up (the installed run's without the window and the step after it) that
-were logged while the other run was training too, since the tiny model's step time follows the shared host's load.
+were logged while the other run was training too, so that a change in the host's load during a round reaches both.
 Prints a table; writes PREFIX.json and PREFIX.md.
 
     python3 bench/bench_viztracer_overhead.py PREFIX [--rounds 2] [--steps 150] [--timeout 300]
