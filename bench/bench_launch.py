@@ -20,14 +20,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from importlib import metadata
 from itertools import combinations
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.megatron_log, as the GPU suite imports it
 
-from bench import kernel_breakdown, megatron_log
+from bench import kernel_breakdown, megatron_log, report
 
 REPO = Path(__file__).resolve().parents[1]
 GPUS = 2
@@ -148,7 +147,7 @@ def cases() -> dict[str, list[str]]:
     table[f"{RECIPE_CASE}_B_upstream"] = upstream(LLAMA_H200_FP8, *LLAMA_ARGS)
     table[f"{RECIPE_CASE}_A_ours+kernel_profile"] = ours(LLAMA_H200_FP8, *LLAMA_ARGS, *KERNEL_PROFILE)
     recipe_tuning = [variant for variant, tuning in TUNING.items() if "fp8cs" in tuning.precisions]
-    for chosen in (*([v] for v in recipe_tuning), *combinations(recipe_tuning, 2)):
+    for chosen in (*combinations(recipe_tuning, 1), *combinations(recipe_tuning, 2)):
         if not set(chosen) & set(RECIPE_SETS):
             tunings = [TUNING[variant] for variant in chosen]
             args = (*LLAMA_ARGS, *(o for t in tunings for o in t.overrides))
@@ -192,10 +191,11 @@ def finish_case(case: subprocess.Popen, log: Path, started: float, timeout_s: in
         returncode = f"timeout {timeout_s} s"
     training = megatron_log.parse(log.read_text())
     return {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": report.timestamp(),
         "returncode": returncode,
         "wall_s": round(time.monotonic() - started, 1),
         "step_ms": training.step_ms,
+        "logged_at": training.logged_at,
         "median_step_ms": training.median_step_ms(),
         "peak_mem_gb": training.peak_mem_gb,
         "median_tflops_per_gpu": training.median_tflops_per_gpu(),
@@ -319,19 +319,18 @@ def fix_dataset_helpers() -> None:
     subprocess.run(fix, env={**os.environ, "PYTHON": sys.executable}, check=True)
 
 
-def write(prefix: Path, rows: dict, commands: dict) -> dict:
-    """Write PREFIX.json and PREFIX.md; called after every case, so a device call cut short keeps what it measured."""
+def write(prefix: Path, rows: dict, commands: dict) -> str:
+    """Write PREFIX.json and PREFIX.md; called after every case, so a device call cut short keeps what it measured.
+    Returns the Markdown."""
     result = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": report.timestamp(),
         "hardware": f"{GPUS} x {hardware()}",
         "versions": versions(),
         "cases": rows,
         "ratios": ratios(rows),
         "commands": {name: commands[name] for name in rows},
     }
-    prefix.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    prefix.with_suffix(".md").write_text(markdown(result))
-    return result
+    return report.write(prefix, result, markdown)
 
 
 def main() -> None:
@@ -343,7 +342,7 @@ def main() -> None:
     table = cases()
     selected = {name: table[name] for name in (args.case or table)}
     fix_dataset_helpers()
-    results = args.prefix.with_suffix(".json")
+    results = report.json_path(args.prefix)
     earlier = json.loads(results.read_text()) if results.exists() else {}
     rows, commands = earlier.get("cases", {}), {**earlier.get("commands", {}), **selected}
     for name, command in selected.items():
@@ -353,8 +352,8 @@ def main() -> None:
             rows[name]["kernels"] = profiled_kernels(log)
         add_derived(name, rows[name])
         print(name, {k: v for k, v in rows[name].items() if k != "step_ms"}, flush=True)
-        result = write(args.prefix, rows, commands)
-    print(markdown(result))
+        written = write(args.prefix, rows, commands)
+    print(written)
 
 
 if __name__ == "__main__":

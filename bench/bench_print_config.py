@@ -8,7 +8,6 @@ shape (tests/hf_models.py), as a user's hf_path=/fsx/... would be. Target: 20 s 
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -16,11 +15,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.hf_models
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.hf_models, bench.report
 
+from bench import report
 from tests import hf_models
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,13 +76,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per recipe (default: 3)")
     args = parser.parse_args()
     result = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": report.timestamp(),
         "machine": f"{os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()}",
         "recipes": measure(args.repeat),
     }
-    args.prefix.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.prefix.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    print(report.write(args.prefix, result, markdown))
 
 
 if __name__ == "__main__":

@@ -12,16 +12,14 @@ Prints a table; writes PREFIX.json and PREFIX.md.
 """
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import bench_launch, megatron_log
+from bench import bench_launch, megatron_log, report
 
 RUNS = ("not_installed", "installed")
 GPU_PAIR = ("0", "1")
@@ -52,10 +50,10 @@ def run_round(index: int, steps: int, logs: Path, timeout_s: int) -> dict:
         env = {"CUDA_VISIBLE_DEVICES": gpu, "GPUS_PER_NODE": "1", "MASTER_PORT": str(PORTS[run])}
         log = logs / f"round{index}_{run}.log"
         running[run] = (bench_launch.start_case(command, log, env), log, gpu)
-    pair = {}
-    for run, (case, log, gpu) in running.items():
-        pair[run] = bench_launch.finish_case(case, log, started, timeout_s) | {"gpu": gpu}
-        pair[run]["logged_at"] = megatron_log.parse(log.read_text()).logged_at
+    pair = {
+        run: bench_launch.finish_case(case, log, started, timeout_s) | {"gpu": gpu}
+        for run, (case, log, gpu) in running.items()
+    }
     return compare(pair)
 
 
@@ -66,35 +64,39 @@ def after_warm_up(run: str, step_ms: dict[int, float]) -> list[float]:
     return [ms for step, ms in step_ms.items() if step > megatron_log.WARMUP_STEPS]
 
 
-def concurrent_steps(pair: dict) -> dict[str, list[float]]:
-    """Each run's step times after warm-up, logged between the later run's first step after warm-up and the
-    earlier run's last step (the log has whole seconds: a step or two either side may fall in or out)."""
-    step_ms = {run: {int(step): ms for step, ms in pair[run]["step_ms"].items()} for run in RUNS}
-    logged_at = {run: {int(step): at for step, at in pair[run]["logged_at"].items()} for run in RUNS}
+def concurrent_span(logged_at: dict[str, dict[int, str]]) -> tuple[str, str] | None:
+    """From the later run's first step after warm-up to the earlier run's last step (the log has whole seconds: a
+    step or two either side may fall in or out); None if a run logged no step after warm-up."""
     steady = {run: [at for step, at in logged_at[run].items() if step > megatron_log.WARMUP_STEPS] for run in RUNS}
     if not all(steady.values()):
-        return {run: [] for run in RUNS}
-    first, last = max(min(steady[run]) for run in RUNS), min(max(steady[run]) for run in RUNS)
-    pair["concurrent"] = [first, last]
-    return {
-        run: after_warm_up(
-            run, {step: ms for step, ms in step_ms[run].items() if first <= logged_at[run].get(step, "") <= last}
-        )
-        for run in RUNS
-    }
+        return None
+    return max(min(steady[run]) for run in RUNS), min(max(steady[run]) for run in RUNS)
+
+
+def logged_within(step_ms: dict[int, float], logged_at: dict[int, str], span: tuple[str, str] | None) -> dict:
+    if span is None:
+        return {}
+    first, last = span
+    return {step: ms for step, ms in step_ms.items() if first <= logged_at.get(step, "") <= last}
 
 
 def compare(pair: dict) -> dict:
-    """Add each run's median over its concurrent steps, their ratio, and the installed run's step after the window.
+    """Add each run's median over its steps in the span both trained, their ratio, and the installed run's step
+    after the window.
 
     Works on a pair read back from PREFIX.json too, where the step numbers are strings."""
-    compared = concurrent_steps(pair)
+    step_ms = {run: {int(step): ms for step, ms in pair[run]["step_ms"].items()} for run in RUNS}
+    logged_at = {run: {int(step): at for step, at in pair[run]["logged_at"].items()} for run in RUNS}
+    span = concurrent_span(logged_at)
+    if span:
+        pair["concurrent"] = list(span)
     for run in RUNS:
-        pair[run]["compared_steps"] = len(compared[run])
-        pair[run]["median_compared_step_ms"] = round(statistics.median(compared[run]), 2) if compared[run] else None
+        compared = after_warm_up(run, logged_within(step_ms[run], logged_at[run], span))
+        pair[run]["compared_steps"] = len(compared)
+        pair[run]["median_compared_step_ms"] = round(statistics.median(compared), 2) if compared else None
     medians = [pair[run]["median_compared_step_ms"] for run in RUNS]
     pair["installed / not"] = round(medians[1] / medians[0], 4) if all(medians) else None
-    after_window = {int(step): ms for step, ms in pair["installed"]["step_ms"].items()}.get(bench_launch.AFTER_WINDOW)
+    after_window = step_ms["installed"].get(bench_launch.AFTER_WINDOW)
     if after_window and medians[1]:
         pair["step after window / installed median"] = round(after_window / medians[1], 2)
     return pair
@@ -137,16 +139,14 @@ def main() -> None:
         print(f"round {index}:", {k: v for k, v in rounds[-1].items() if not isinstance(v, dict)}, flush=True)
     ratios = [r["installed / not"] for r in rounds if r["installed / not"]]
     result = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": report.timestamp(),
         "hardware": bench_launch.hardware(),
         "versions": bench_launch.versions(),
         "rounds": rounds,
         "median_ratio": statistics.median(ratios) if ratios else None,
         "commands": commands(args.steps),
     }
-    args.prefix.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.prefix.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    print(report.write(args.prefix, result, markdown))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,12 @@ import json
 import platform
 import subprocess
 import sys
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.report
+
+from bench import report
 
 PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "viztracer")
 COLUMNS = ("test", "outcome", "wall_s", "time_to_first_step_s", "median_step_ms", "peak_mem_gb")
@@ -50,17 +53,16 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    records_path, prefix = Path(sys.argv[1]), sys.argv[2]
+    records_path, prefix = Path(sys.argv[1]), Path(sys.argv[2])
     records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
     result = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": report.timestamp(),
         "gpus": gpus(),
         "python": platform.python_version(),
         "versions": {name: metadata.version(name) for name in PACKAGES},
         "tests": merge(records),
     }
-    Path(f"{prefix}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    Path(f"{prefix}.md").write_text(markdown(result))
+    report.write(prefix, result, markdown)
 
 
 if __name__ == "__main__":

@@ -76,9 +76,9 @@ def breakdown(kernels: list[Kernel]) -> dict:
         by_kind[kernel.kind] = by_kind.get(kernel.kind, 0.0) + kernel.end_us - kernel.start_us
     compute = union((k.start_us, k.end_us) for k in kernels if k.kind != "nccl")
     busy_us = sum(end - start for start, end in compute)
-    nccl = [(k.start_us, k.end_us) for k in kernels if k.kind == "nccl"]
-    hidden_us = sum(covered(interval, compute) for interval in union(nccl))
-    nccl_us = sum(end - start for start, end in union(nccl))
+    nccl = union((k.start_us, k.end_us) for k in kernels if k.kind == "nccl")
+    hidden_us = sum(covered(interval, compute) for interval in nccl)
+    nccl_us = sum(end - start for start, end in nccl)
     return {
         "span_ms": round(span_us / 1000, 1),
         "kernel_ms": {kind: round(us / 1000, 1) for kind, us in sorted(by_kind.items(), key=lambda kv: -kv[1])},
