@@ -26,7 +26,7 @@ from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
-from launcher.errors import UsageError
+from launcher.errors import UsageError, first_line, report
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
 # a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
@@ -46,7 +46,7 @@ def chatter_held_back(quiet: bool) -> Iterator[None]:
         with redirect_stdout(chatter), redirect_stderr(chatter):
             yield
         unexpected = False
-    except UsageError:
+    except (UsageError, ImportError):
         unexpected = False
         raise
     finally:
@@ -54,14 +54,28 @@ def chatter_held_back(quiet: bool) -> Iterator[None]:
             sys.stderr.write(chatter.getvalue())
 
 
-with chatter_held_back(QUIET):
-    from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.gpt_step import forward_step
-    from megatron.bridge.training.pretrain import pretrain
+def missing_stack(error: ImportError) -> UsageError:
+    """An image or Python without Megatron Bridge: say which one, and how to get one that has it."""
+    image = os.environ.get("SRUN_SH_IMAGE")
+    if image:
+        fix = f"the image {image} lacks it: rebuild it with 'make build', or point SQSH at an image that has it"
+    else:
+        fix = f"install it with PYTHON={sys.executable} bash tools/install_python_stack.sh, or set PYTHON to another"
+    return UsageError(f"{sys.executable} cannot import the training stack ({type(error).__name__}: {error}): {fix}")
 
-    import viztracer_plugin
-    from launcher import checks, outputs, overrides, precision
-    from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
+
+try:
+    with chatter_held_back(QUIET):
+        from megatron.bridge.training.config import ConfigContainer
+        from megatron.bridge.training.gpt_step import forward_step
+        from megatron.bridge.training.pretrain import pretrain
+
+        import viztracer_plugin
+        from launcher import checks, nsys, outputs, overrides, precision
+        from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
+except ImportError as error:
+    report(missing_stack(error))
+    sys.exit(2)
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
 RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)
@@ -103,7 +117,7 @@ def build_config(recipe: ModuleType, kwargs: dict[str, object]) -> ConfigContain
     try:
         cfg = recipe.configure(**kwargs)
     except RECIPE_ERRORS as error:
-        name, message = Path(recipe.__file__).name, overrides.first_line(error)
+        name, message = Path(recipe.__file__).name, first_line(error)
         raise UsageError(f"recipe {name}: configure() failed: {type(error).__name__}: {message}") from None
     if not isinstance(cfg, ConfigContainer):
         name, kind = Path(recipe.__file__).name, type(cfg).__name__
@@ -130,7 +144,10 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     return cfg, applied
 
 
-def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object]) -> None:
+def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: list[str]) -> None:
+    profiled = nsys.profile_command(cfg, [sys.argv[0], *argv])
+    if profiled is not None:
+        nsys.exec_under_nsys(profiled)
     set_cuda_device_max_connections(cfg)
     disable_missing_gradient_accumulation_fusion(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -149,16 +166,16 @@ def main(argv: list[str]) -> int:
         args = parse_args(argv)
         with chatter_held_back(args.check or args.print_config):
             cfg, applied = resolve(args)
+        if args.print_config:
+            print(outputs.config_yaml(cfg), end="")
+        elif args.check:
+            ranks = checks.profiled_ranks(cfg, world_size(args) or 1)
+            print("profile_ranks=" + ",".join(str(rank) for rank in ranks))
+        else:
+            train(cfg, args.recipe, applied, argv)
     except UsageError as error:
-        print(f"entrypoint.py: error: {error}", file=sys.stderr)
+        report(error)
         return 2
-    if args.print_config:
-        print(outputs.config_yaml(cfg), end="")
-    elif args.check:
-        ranks = checks.profiled_ranks(cfg, world_size(args) or 1)
-        print("profile_ranks=" + ",".join(str(rank) for rank in ranks))
-    else:
-        train(cfg, args.recipe, applied)
     return 0
 
 

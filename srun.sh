@@ -1,85 +1,68 @@
 #!/usr/bin/env bash
-# Start a Megatron Bridge recipe with one process per GPU on every node of a SLURM allocation, inside the enroot
-# image (pyxis), over EFA. No torchrun: SLURM starts every rank, so profilers see one plain process per GPU.
+# Start a Megatron Bridge recipe with one python process per GPU on every node of a SLURM allocation, inside the
+# enroot image (pyxis), over EFA. SLURM starts every rank itself, so profilers see one plain process per GPU.
 #
 #   salloc -N 2 ./srun.sh recipes/deepseek_v2_lite_pretrain.py hf_path=/fsx/models/deepseek-ai/DeepSeek-V2-Lite
-#   ./srun.sh --local recipes/deepseek_v2_lite_pretrain.py train.train_iters=20     # this host only, no SLURM
-#   ./srun.sh --dry-run recipes/deepseek_v2_lite_pretrain.py                        # print what would run
+#   ./srun.sh --local recipes/tiny_gpt_pretrain.py train.train_iters=20     # this host only, no SLURM
+#   ./srun.sh --dry-run recipes/llama3_8b_pretrain.py                       # print what would run
+#   ./srun.sh --sbatch -N 4 -t 24:00:00 -- recipes/llama3_8b_pretrain.py    # a batch job that survives its time limit
 #
-# ./srun.sh --help lists every option and knob.
+# Usage: ./srun.sh [options] RECIPE.py [NAME=VALUE ...]     (NAME=VALUE reach every rank byte for byte)
+#        ./srun.sh --sbatch [SBATCH_OPTION ...] -- [options] RECIPE.py [NAME=VALUE ...]
+#   --nsys          run the ranks of profiling.profile_ranks under nsys; reports in RUN_DIR/nsys/
+#   --dry-run       print the launch command and the environment; start nothing (works outside an allocation)
+#   --no-container  the same launch without pyxis, with this host's $PYTHON (a venv every node shares)
+#   --local         no SLURM: GPUS_PER_NODE ranks on this host
+#   --sbatch ... -- submit the launch as a batch job with these sbatch options. RUN_ID is the job id. SAVE_LEAD_S
+#                   before the time limit the ranks get SIGTERM, Megatron Bridge saves a checkpoint and stops, and
+#                   the job requeues itself; a failed job is requeued up to MAX_RETRIES times; each time it
+#                   resumes from its latest checkpoint. Its log: OUTPUT_ROOT/<recipe>/slurm-<job id>.out
+#   -h, --help      this text
+#
+# Every rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RUN_ID and RUN_DIR. Its
+# output reaches the console labelled "RANK: " and RUN_DIR/logs/rank-RANK.log. entrypoint.py checks the recipe and
+# every NAME=VALUE before distributed init. When a rank fails, the others get SIGTERM, and srun.sh names the rank
+# that failed first and exits with its status. SIGINT or SIGTERM to srun.sh sends SIGTERM to every rank.
 set -euo pipefail
 
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 
-# ---- Knobs: environment variables, with their defaults ---------------------------------------------------------
-# Enroot image every rank runs in.                                 SQSH=/fsx/images/megatron.sqsh ./srun.sh ...
+# ---- Knobs: environment variables, with their defaults -------------------------------------------------------
+# Enroot image every rank runs in.                                  SQSH=/fsx/images/megatron.sqsh ./srun.sh ...
 SQSH=${SQSH:-"$REPO_DIR/megatron-lm+latest.sqsh"}
-# Container mounts SRC:DST[:FLAGS],...; every SRC must exist here.  MOUNT=$PWD:/workspace/megatron,/data:/data
+# Container mounts SRC:DST[:FLAGS],...; they must hold this checkout, the recipe and OUTPUT_ROOT.
 MOUNT=${MOUNT:-"$REPO_DIR:/workspace/megatron,/fsx:/fsx"}
-# Where MOUNT puts this repository inside the container.           CONTAINER_WORKDIR=/opt/megatron
-CONTAINER_WORKDIR=${CONTAINER_WORKDIR:-/workspace/megatron}
-# Ranks per node; empty: 8, or with --local the visible GPUs.       GPUS_PER_NODE=4 ./srun.sh --local ...
+# Ranks per node; empty: the allocation's GPUs a node (--gpus-per-node), else 8; with --local the visible GPUs.
 GPUS_PER_NODE=${GPUS_PER_NODE:-}
-# Rendezvous port; empty: 20000 + SLURM_JOB_ID % 20000, so two jobs on one node differ (29500 with --local).
+# Run name; empty: a new run, <job id>-<date>-<time> (local-<date>-<time>-<pid> with --local). An earlier run's
+# id resumes that run: same RUN_DIR, its latest checkpoint.                      RUN_ID=4242-20261130-101500 ...
+RUN_ID=${RUN_ID:-}
+# Where runs write: RUN_DIR=$OUTPUT_ROOT/<recipe>/$RUN_ID (config, logs, checkpoints, traces, nsys reports).
+OUTPUT_ROOT=${OUTPUT_ROOT:-outputs}
+# Rendezvous address; empty: the first node's address in SLURM (its NodeAddr), 127.0.0.1 with --local.
+MASTER_ADDR=${MASTER_ADDR:-}
+# Rendezvous port; empty: 20000-32767, derived from RUN_ID, so two runs on one node differ.
 MASTER_PORT=${MASTER_PORT:-}
-# srun's MPI plugin (`srun --mpi=list` shows what your SLURM has). SRUN_MPI=pmi2 ./srun.sh ...
-SRUN_MPI=${SRUN_MPI:-pmix}
-# More srun arguments, split on whitespace (no quotes), every srun. SRUN_EXTRA_ARGS="--exclusive -t 2:00:00"
+# More srun arguments, split on whitespace (no quotes).             SRUN_EXTRA_ARGS="--mpi=pmix --time=2:00:00"
 SRUN_EXTRA_ARGS=${SRUN_EXTRA_ARGS:-}
 # Python for entrypoint.py: the image's, or this host's with --no-container / --local.  PYTHON=.venv/bin/python
 PYTHON=${PYTHON:-python3}
-# nsys for --nsys: the image's, or this host's with --no-container / --local.     NSYS=/opt/nsys/bin/nsys
+# nsys for --nsys: the image's, or this host's with --no-container / --local.       NSYS=/opt/nsys/bin/nsys
 NSYS=${NSYS:-nsys}
-# Where --nsys writes reports, relative to the ranks' working directory.       NSYS_OUTPUT_DIR=/fsx/profiles
-NSYS_OUTPUT_DIR=${NSYS_OUTPUT_DIR:-nsys-megatron}
+# --sbatch: seconds before the time limit at which the ranks save a checkpoint and stop.       SAVE_LEAD_S=600
+SAVE_LEAD_S=${SAVE_LEAD_S:-300}
+# --sbatch: how often a job whose ranks failed is requeued (a time-limit save always is).      MAX_RETRIES=0
+MAX_RETRIES=${MAX_RETRIES:-2}
+# ---- End of knobs ----------------------------------------------------------------------------------------------
 
-# Seconds --local gives the other ranks between SIGTERM and SIGKILL when one rank fails or srun.sh is stopped.
-readonly STOP_GRACE_S=10
-# nsys settings for --nsys: the capture window is the recipe's profiling.profile_step_start/end, which Megatron
-# Bridge marks with cudaProfilerStart/Stop; efa_metrics samples the EFA counters into the same timeline.
-readonly NSYS_PROFILE_ARGS=(profile -t "cuda,nvtx" -s none --cpuctxsw=none --capture-range=cudaProfilerApi
-  --capture-range-end=stop --enable efa_metrics --force-overwrite=true)
-readonly OPTIONS=(--nsys --dry-run --no-container --local -h --help)
+# Seconds a rank has between SIGTERM and SIGKILL with --local (SLURM uses the cluster's KillWait).
+readonly STOP_GRACE_S=30
+readonly OPTIONS=(--nsys --dry-run --no-container --local -h --help --sbatch)
 
 usage() {
-  cat <<EOF
-Usage: ./srun.sh [options] RECIPE.py [NAME=VALUE ...]
-
-Runs "\$PYTHON entrypoint.py RECIPE.py [NAME=VALUE ...]" once per GPU on every node of the current SLURM
-allocation (salloc/sbatch), inside the enroot image \$SQSH. NAME=VALUE arguments reach every rank byte for byte.
-Before anything starts, "entrypoint.py --check" validates the recipe and overrides on this host (in the image).
-
-Options (before RECIPE.py only):
-  --nsys          profile the ranks in profiling.profile_ranks (default [0]) with nsys; one report per job, host
-                  and rank in \$NSYS_OUTPUT_DIR/<job>/; adds profiling.use_nsys_profiler=true unless given
-  --dry-run       print the srun (or local) command, the environment and each rank's command; start nothing.
-                  Works outside an allocation (job id and nodes are then placeholders). Validates options and
-                  knobs; runs the entrypoint check only when it runs on this host (--no-container, --local)
-  --no-container  same launch without pyxis, with this host's \$PYTHON (a venv shared by every node)
-  --local         no SLURM: start GPUS_PER_NODE ranks on this host (MASTER_ADDR=127.0.0.1); when one rank
-                  fails, or srun.sh gets SIGINT/SIGTERM, the others are stopped
-  -h, --help      show this help
-
-Knobs (environment variables; current value in brackets):
-  SQSH              enroot image, built by 'make build' [$SQSH]
-  MOUNT             container mounts SRC:DST[:FLAGS],...; every SRC must exist on this host [$MOUNT]
-  CONTAINER_WORKDIR where MOUNT puts this repository in the container [$CONTAINER_WORKDIR]. Ranks start in the
-                    container path of the current directory when a mount covers it, else here; the recipe path
-                    is translated through MOUNT the same way
-  GPUS_PER_NODE     ranks per node [${GPUS_PER_NODE:-8; with --local the visible GPUs}]
-  MASTER_PORT       rendezvous port [${MASTER_PORT:-20000 + SLURM_JOB_ID % 20000; 29500 with --local}]
-  SRUN_MPI          srun --mpi plugin, see 'srun --mpi=list' [$SRUN_MPI]
-  SRUN_EXTRA_ARGS   more srun arguments, split on whitespace, e.g. "--exclusive --time=2:00:00" [$SRUN_EXTRA_ARGS]
-  PYTHON            python that runs entrypoint.py: the image's, or this host's with --no-container/--local [$PYTHON]
-  NSYS              nsys binary for --nsys: the image's, or this host's with --no-container/--local [$NSYS]
-  NSYS_OUTPUT_DIR   report directory for --nsys, relative to the ranks' working directory [$NSYS_OUTPUT_DIR]
-
-A failing rank ends the whole job (srun --kill-on-bad-exit=1; --local stops the others). The allocation must let
-GPUS_PER_NODE tasks run on each node: allocate whole nodes (salloc --exclusive) where nodes are shared.
-Every rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RUN_ID (the SLURM job id,
-or local-<date>-<pid>), plus NCCL_DEBUG, OMP_NUM_THREADS, NCCL_GIN_TYPE, DEEP_EP_BACKEND, TRITON_CACHE_DIR and
-TORCH_EXTENSIONS_DIR unless already set. srun.sh never sets CUDA_DEVICE_MAX_CONNECTIONS: entrypoint.py does.
-EOF
+  sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$REPO_DIR/srun.sh"
+  echo "Knobs (environment variables):"
+  sed -n '/^# ---- Knobs/,/^# ---- End of knobs/{/^# ----/d;s/^# /  # /;s/^\([A-Z]\)/  \1/;p}' "$REPO_DIR/srun.sh"
 }
 
 # One line on stderr, exit 2: every problem srun.sh finds itself is reported this way, before anything starts.
@@ -104,14 +87,6 @@ is_positive_int() {
   [[ $1 =~ ^[1-9][0-9]*$ ]]
 }
 
-is_option() {
-  local option
-  for option in "${OPTIONS[@]}"; do
-    [[ $1 == "$option" ]] && return 0
-  done
-  return 1
-}
-
 parse_args() {
   USE_NSYS=0 DRY_RUN=0 USE_CONTAINER=1 LOCAL=0
   while (($#)); do
@@ -121,7 +96,8 @@ parse_args() {
       --no-container) USE_CONTAINER=0 ;;
       --local) LOCAL=1 USE_CONTAINER=0 ;;
       -h | --help) usage && exit 0 ;;
-      -*) die "unknown option $(q "$1"): the options are --nsys --dry-run --no-container --local --help" ;;
+      --sbatch) die "--sbatch comes first: ./srun.sh --sbatch [SBATCH_OPTION ...] -- [options] RECIPE.py ..." ;;
+      -*) die "unknown option $(q "$1"): the options are ${OPTIONS[*]:0:4} --sbatch --help" ;;
       *) break ;;
     esac
     shift
@@ -130,34 +106,59 @@ parse_args() {
   RECIPE=$1
   shift
   OVERRIDES=("$@")
-  local arg nsys_switch_given=0
+  local arg option nsys_switch_given=0 exit_switch_given=0
   for arg in "${OVERRIDES[@]}"; do
-    if is_option "$arg"; then
-      die "option $arg comes after the recipe: put it first, as in ./srun.sh $arg $(q "$RECIPE") ..."
-    fi
+    for option in "${OPTIONS[@]}"; do
+      [[ $arg != "$option" ]] ||
+        die "option $arg comes after the recipe: put it first, as in ./srun.sh $arg $(q "$RECIPE") ..."
+    done
     [[ $arg == profiling.use_nsys_profiler=* ]] && nsys_switch_given=1
+    [[ $arg == train.exit_signal_handler=* ]] && exit_switch_given=1
   done
   # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this switch on.
   if ((USE_NSYS && !nsys_switch_given)); then
     OVERRIDES+=(profiling.use_nsys_profiler=true)
   fi
+  # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default.
+  if ((BATCH_JOB && !exit_switch_given)); then
+    OVERRIDES+=(train.exit_signal_handler=true)
+  fi
 }
 
-# GPUs this host shows: CUDA_VISIBLE_DEVICES when set (even empty), else nvidia-smi's list.
+# GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files.
 visible_gpus() {
+  local -a ids=()
   if [[ -v CUDA_VISIBLE_DEVICES ]]; then
-    local -a ids
     IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
     local id count=0
     for id in "${ids[@]}"; do
       [[ -n $id ]] && count=$((count + 1))
     done
     echo "$count"
-  elif command -v nvidia-smi >/dev/null; then
-    nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
   else
-    echo 0
+    { compgen -G '/dev/nvidia[0-9]*' || true; } | wc -l
   fi
+}
+
+# The number in SLURM's GPU counts ("4", "h100:4"); empty when unset.
+gpu_count() {
+  if [[ -n $1 ]]; then
+    printf '%s\n' "${1##*:}"
+  fi
+}
+
+# The fewest CPUs any node of the job has, from SLURM_JOB_CPUS_PER_NODE ("96(x2),48").
+min_cpus_per_node() {
+  local -a entries
+  local entry cpus min=''
+  IFS=, read -ra entries <<<"$1"
+  for entry in "${entries[@]}"; do
+    cpus=${entry%%(*}
+    if [[ -z $min ]] || ((cpus < min)); then
+      min=$cpus
+    fi
+  done
+  printf '%s\n' "$min"
 }
 
 # Longest MOUNT entry whose source holds PATH: prints PATH's name inside the container, or fails.
@@ -167,8 +168,8 @@ container_path() {
   IFS=, read -ra entries <<<"$MOUNT"
   for entry in "${entries[@]}"; do
     IFS=: read -r src dst rest <<<"$entry"
-    src=$(realpath -- "$src")
-    if [[ ($path == "$src" || $path == "$src"/* || $src == / ) && ${#src} -gt ${#best_src} ]]; then
+    src=$(realpath -m -- "$src")
+    if [[ ($path == "$src" || $path == "$src"/* || $src == /) && ${#src} -gt ${#best_src} ]]; then
       best_src=$src best_dst=$dst
     fi
   done
@@ -188,98 +189,156 @@ validate_mounts() {
     IFS=: read -r src dst rest <<<"$entry"
     if [[ -z $src || $dst != /* || $rest == *:* ]]; then
       die "MOUNT entry $(q "$entry") is not SRC:DST[:FLAGS] with an absolute DST:" \
-        "fix MOUNT, e.g. MOUNT=$(q "$REPO_DIR:$CONTAINER_WORKDIR")"
+        "fix MOUNT, e.g. MOUNT=$(q "$REPO_DIR:/workspace/megatron")"
     fi
     [[ -e $src ]] || die "MOUNT source $(q "$src") does not exist on this host: create it or drop it from MOUNT"
   done
 }
 
+# PATH's name in the container, or a one-line error naming WHAT could not be seen there.
+in_container() {
+  local what=$1 path=$2
+  container_path "$path" ||
+    die "$what $(q "$path") is outside every MOUNT source, so the ranks cannot see it:" \
+      "add its directory to MOUNT (now $(q "$MOUNT"))"
+}
+
+validate_slurm_allocation() {
+  if [[ -z ${SLURM_JOB_ID:-} ]]; then
+    ((DRY_RUN)) || die "not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run"
+    GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+    return 0
+  fi
+  [[ -z ${SLURM_HET_SIZE:-} ]] ||
+    die "job $SLURM_JOB_ID is heterogeneous ($SLURM_HET_SIZE components), which srun.sh cannot place ranks in:" \
+      "allocate one set of identical nodes"
+  local allocated
+  allocated=$(gpu_count "${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-}}")
+  GPUS_PER_NODE=${GPUS_PER_NODE:-${allocated:-8}}
+  is_positive_int "$GPUS_PER_NODE" || return 0 # reported by validate
+  if [[ -n $allocated ]] && ((GPUS_PER_NODE > allocated)); then
+    die "GPUS_PER_NODE=$GPUS_PER_NODE but job $SLURM_JOB_ID has $allocated GPU(s) a node:" \
+      "set GPUS_PER_NODE=$allocated or allocate more (salloc --gpus-per-node=$GPUS_PER_NODE)"
+  fi
+  local cpus
+  cpus=$(min_cpus_per_node "${SLURM_JOB_CPUS_PER_NODE:-}")
+  if [[ -n $cpus ]] && ((cpus < GPUS_PER_NODE)); then
+    die "job $SLURM_JOB_ID has $cpus CPU(s) on a node for $GPUS_PER_NODE ranks a node:" \
+      "allocate whole nodes (salloc --exclusive) or at least --ntasks-per-node=$GPUS_PER_NODE"
+  fi
+  CPUS_PER_RANK=${cpus:+$((cpus / GPUS_PER_NODE))}
+  command -v srun >/dev/null || ((DRY_RUN)) ||
+    die "srun is not found on this host:" "run srun.sh where SLURM's client commands are"
+}
+
 validate() {
   [[ -f $RECIPE && -r $RECIPE ]] ||
     die "recipe $(q "$RECIPE") is not a readable file:" "check the path (relative to $(q "$PWD"))"
-  if ((!LOCAL && !DRY_RUN)) && [[ -z ${SLURM_JOB_ID:-} ]]; then
-    die "not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run"
-  fi
-
-  local visible=0
-  if ((LOCAL)); then
+  CPUS_PER_RANK=''
+  if ((SUBMITTING)); then
+    [[ -z $GPUS_PER_NODE ]] || is_positive_int "$GPUS_PER_NODE" ||
+      die "GPUS_PER_NODE=$(q "$GPUS_PER_NODE") is not a positive integer:" "set it to the GPUs per node, or unset it"
+    GPUS_PER_NODE=${GPUS_PER_NODE:-8} # only for the checks here: the job takes its own from its allocation
+  elif ((LOCAL)); then
+    local visible
     visible=$(visible_gpus)
-    if [[ -z $GPUS_PER_NODE ]]; then
-      ((visible > 0)) || die "--local found no GPU (CUDA_VISIBLE_DEVICES, nvidia-smi -L):" \
-        "run it on a GPU host or set CUDA_VISIBLE_DEVICES"
-      GPUS_PER_NODE=$visible
+    ((visible > 0)) || [[ -n $GPUS_PER_NODE ]] ||
+      die "--local found no GPU (CUDA_VISIBLE_DEVICES, /dev/nvidia*):" "run it on a GPU host or set CUDA_VISIBLE_DEVICES"
+    GPUS_PER_NODE=${GPUS_PER_NODE:-$visible}
+    if is_positive_int "$GPUS_PER_NODE" && ((GPUS_PER_NODE > visible)); then
+      die "GPUS_PER_NODE=$GPUS_PER_NODE but this host shows $visible GPU(s):" \
+        "lower GPUS_PER_NODE or widen CUDA_VISIBLE_DEVICES"
     fi
+  else
+    validate_slurm_allocation
   fi
-  GPUS_PER_NODE=${GPUS_PER_NODE:-8}
   is_positive_int "$GPUS_PER_NODE" ||
     die "GPUS_PER_NODE=$(q "$GPUS_PER_NODE") is not a positive integer:" \
       "set it to the GPUs per node, e.g. GPUS_PER_NODE=8"
-  if ((LOCAL && GPUS_PER_NODE > visible)); then
-    die "GPUS_PER_NODE=$GPUS_PER_NODE but this host shows $visible GPU(s):" \
-      "lower GPUS_PER_NODE or widen CUDA_VISIBLE_DEVICES"
-  fi
   if [[ -n $MASTER_PORT ]] && ! { is_positive_int "$MASTER_PORT" && ((MASTER_PORT <= 65535)); }; then
     die "MASTER_PORT=$(q "$MASTER_PORT") is not a port number:" "set 1-65535 or leave it unset"
   fi
-  [[ $SRUN_MPI =~ ^[A-Za-z0-9_]+$ ]] ||
-    die "SRUN_MPI=$(q "$SRUN_MPI") is not an MPI plugin name:" "pick one that 'srun --mpi=list' shows"
+  if [[ -n $RUN_ID && ! ($RUN_ID =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$) ]]; then
+    die "RUN_ID=$(q "$RUN_ID") is not a run name:" "use letters, digits, '.', '_' and '-', as in 4242-20261130-101500"
+  fi
   read -ra SRUN_EXTRA <<<"$SRUN_EXTRA_ARGS"
 
+  local recipe_abs
+  recipe_abs=$(realpath -- "$RECIPE")
+  RUN_ROOT=$(realpath -m -- "$OUTPUT_ROOT")/$(basename -- "$RECIPE" .py)
   if ((USE_CONTAINER)); then
     [[ -f $SQSH ]] || die "image SQSH=$(q "$SQSH") does not exist:" "build it with 'make build' or point SQSH at one"
     validate_mounts
-    local recipe_abs
-    recipe_abs=$(realpath -- "$RECIPE")
-    RECIPE_ARG=$(container_path "$recipe_abs") ||
-      die "recipe $(q "$RECIPE") is outside every MOUNT source, so the container cannot read it:" \
-        "move it under $(q "$REPO_DIR") or add its directory to MOUNT"
-    TASK_WORKDIR=$(container_path "$(pwd -P)") || TASK_WORKDIR=$CONTAINER_WORKDIR
-    ENTRYPOINT=$CONTAINER_WORKDIR/entrypoint.py
-    SELF=$CONTAINER_WORKDIR/srun.sh
+    # The ranks run this checkout's code, not the copy baked into the image, so recipe and code always match.
+    CODE_DIR=$(in_container "this checkout" "$REPO_DIR")
+    RECIPE_ARG=$(in_container "recipe" "$recipe_abs")
+    RUN_ROOT_IN=$(in_container "OUTPUT_ROOT" "$RUN_ROOT")
+    TASK_WORKDIR=$(container_path "$(pwd -P)") || TASK_WORKDIR=$CODE_DIR
   else
     command -v "$PYTHON" >/dev/null ||
       die "PYTHON=$(q "$PYTHON") is not found on this host:" "install it or set PYTHON=/path/to/python"
     if ((USE_NSYS)) && ! command -v "$NSYS" >/dev/null; then
       die "--nsys needs nsys, but NSYS=$(q "$NSYS") is not found:" "install Nsight Systems or set NSYS=/path/to/nsys"
     fi
-    RECIPE_ARG=$RECIPE
-    ENTRYPOINT=$REPO_DIR/entrypoint.py
-    SELF=$REPO_DIR/srun.sh
-  fi
-  if ((!LOCAL && !DRY_RUN)); then
-    command -v srun >/dev/null || die "srun is not found on this host:" "run srun.sh where SLURM's client commands are"
+    CODE_DIR=$REPO_DIR RECIPE_ARG=$RECIPE RUN_ROOT_IN=$RUN_ROOT
   fi
 }
 
-# Job facts every rank shares: RUN_ID, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
-resolve_master() {
+# An address of HOST that the other nodes reach: SLURM's NodeAddr, or the first of its IPv4 addresses outside
+# 127.0.0.0/8 (Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts, which only that host reaches).
+node_address() {
+  local host=$1 address
+  address=$(scontrol show node --oneliner "$host" 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p') || true
+  address=${address:-$host}
+  if [[ ! $address =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then
+    address=$(getent ahostsv4 "$address" | awk '$1 !~ /^127\./ { print $1; exit }') || true
+  fi
+  printf '%s\n' "$address"
+}
+
+new_run_id() {
+  if ((LOCAL)); then
+    printf 'local-%s-%s\n' "$(date +%Y%m%d-%H%M%S)" "$$"
+  else
+    printf '%s-%s\n' "${SLURM_JOB_ID:-JOBID}" "$(date +%Y%m%d-%H%M%S)"
+  fi
+}
+
+# Job facts every rank shares: the run, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+resolve_job() {
+  RESUMING=0
+  if [[ -n $RUN_ID ]]; then
+    [[ -d $RUN_ROOT/$RUN_ID ]] && RESUMING=1
+  else
+    RUN_ID=$(new_run_id)
+    [[ ! -e $RUN_ROOT/$RUN_ID ]] || RUN_ID+=-$$
+  fi
+  RUN_DIR=$RUN_ROOT/$RUN_ID
   LOCAL_WORLD_SIZE=$GPUS_PER_NODE
   if ((LOCAL)); then
-    RUN_ID=local-$(date +%Y%m%d-%H%M%S)-$$
-    NODES=1
     HOSTS=("$(uname -n)")
-    MASTER_ADDR=127.0.0.1
-    MASTER_PORT=${MASTER_PORT:-29500}
+    MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+  elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
+    mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    ((${#HOSTS[@]})) ||
+      die "scontrol could not expand SLURM_JOB_NODELIST=$(q "$SLURM_JOB_NODELIST"):" "check the SLURM client setup"
+    if [[ -z $MASTER_ADDR ]]; then
+      MASTER_ADDR=$(node_address "${HOSTS[0]}")
+      ((${#HOSTS[@]} == 1)) && MASTER_ADDR=${MASTER_ADDR:-${HOSTS[0]}}
+      [[ -n $MASTER_ADDR ]] ||
+        die "no address of ${HOSTS[0]} that other nodes reach (scontrol's NodeAddr, getent ahostsv4):" \
+          "set MASTER_ADDR to its IP address"
+    fi
   else
-    RUN_ID=${SLURM_JOB_ID:-JOBID}
-    NODES=${SLURM_JOB_NUM_NODES:-1}
-    if [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
-      mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-      ((${#HOSTS[@]})) ||
-        die "scontrol could not expand SLURM_JOB_NODELIST=$(q "$SLURM_JOB_NODELIST"):" "check the SLURM client setup"
-    else
-      HOSTS=("$(uname -n)")
-    fi
-    # IPv4 on purpose: `getent hosts` may answer with an IPv6 address first. A name that getent cannot resolve is
-    # passed on as is; torch then resolves it on every node (and fails there with the name in the message).
-    MASTER_ADDR=$(getent ahostsv4 "${HOSTS[0]}" | awk 'NR == 1 { print $1 }') || true
-    MASTER_ADDR=${MASTER_ADDR:-${HOSTS[0]}}
-    if [[ -z $MASTER_PORT && ${SLURM_JOB_ID:-} =~ ^[0-9]+$ ]]; then
-      MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
-    fi
-    MASTER_PORT=${MASTER_PORT:-29500}
+    HOSTS=(NODE1)
+    MASTER_ADDR=${MASTER_ADDR:-NODE1}
   fi
-  WORLD_SIZE=$((NODES * GPUS_PER_NODE))
+  if [[ -z $MASTER_PORT ]]; then
+    local checksum
+    checksum=$(cksum <<<"$RUN_ID")
+    MASTER_PORT=$((20000 + ${checksum%% *} % 12768)) # below Linux's ephemeral range (32768+)
+  fi
+  WORLD_SIZE=$((${#HOSTS[@]} * GPUS_PER_NODE))
 }
 
 # What every rank inherits. Each variable stays for a reason (see README); a value the user already set wins.
@@ -289,222 +348,440 @@ resolve_master() {
 # NCCL_NET_PLUGIN / NCCL_TUNER_PLUGIN / LD_LIBRARY_PATH (the image registers /opt/amazon/ofi-nccl with the loader and
 # NCCL loads libnccl-net.so and its tuner from there; hard-coded paths break when the installer's layout moves),
 # TORCH_DISTRIBUTED_BACKEND (read by nothing) and CUDA_DEVICE_MAX_CONNECTIONS (entrypoint.py decides per job).
-export_network_env() {
+export_rank_env() {
   export NCCL_DEBUG=${NCCL_DEBUG:-WARN}           # NCCL errors and warnings only; INFO shows the EFA/GIN setup
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # one process per GPU already: no CPU oversubscription
   export NCCL_GIN_TYPE=${NCCL_GIN_TYPE:-2}        # DeepEP's GIN via NCCL's proxy path (EFA's GDA mode needs NCCL 2.31+)
   export DEEP_EP_BACKEND=${DEEP_EP_BACKEND:-nccl} # DeepEP dispatch/combine over NCCL GIN, not NVSHMEM
-  export MASTER_ADDR MASTER_PORT RUN_ID WORLD_SIZE LOCAL_WORLD_SIZE
-  export NSYS NSYS_OUTPUT_DIR SRUN_SH_PROFILE_RANKS=''
+  export MASTER_ADDR MASTER_PORT RUN_ID WORLD_SIZE LOCAL_WORLD_SIZE NSYS
+  export RUN_DIR=$RUN_ROOT_IN/$RUN_ID # as the ranks see it
+  export SRUN_SH_NSYS=$USE_NSYS       # entrypoint.py runs the profiled ranks under nsys
+  ((!USE_CONTAINER)) || export SRUN_SH_IMAGE=$SQSH # named in entrypoint.py's error when the image lacks the stack
+  unset RANK LOCAL_RANK               # --rank-exec takes them from SLURM (or from srun.sh with --local)
 }
 
-# Validates the recipe and overrides before any rank starts, and learns which ranks --nsys wraps.
-preflight() {
-  local -a check=("$PYTHON" "$ENTRYPOINT" --check --world-size "$WORLD_SIZE" "$RECIPE_ARG" "${OVERRIDES[@]}")
-  if ((USE_CONTAINER)); then
-    if ((DRY_RUN)); then
-      SRUN_SH_PROFILE_RANKS=0
-      PREFLIGHT_NOTE="entrypoint check not run (it needs the image); --nsys assumes profile_ranks=0"
-      return
-    fi
-    check=(srun --nodes=1 --ntasks=1 "${CONTAINER_ARGS[@]}" "${SRUN_EXTRA[@]}" "${check[@]}")
-  fi
-  local out status=0
-  out=$("${check[@]}") || status=$?
-  # A failed check has printed its one-line error already: hand its status on and start nothing.
-  ((status == 0)) || exit "$status"
-  local last=${out##*$'\n'}
-  [[ $last == profile_ranks=* ]] ||
-    die "entrypoint.py --check did not end its output with profile_ranks=...: is entrypoint.py from this checkout?"
-  SRUN_SH_PROFILE_RANKS=${last#profile_ranks=}
-  [[ $SRUN_SH_PROFILE_RANKS =~ ^([0-9]+(,[0-9]+)*)?$ ]] ||
-    die "entrypoint.py --check printed $(q "$last"), not profile_ranks=R[,R...]: is entrypoint.py from this checkout?"
-  if [[ $out == *$'\n'* ]]; then
-    printf '%s\n' "${out%$'\n'*}" >&2 # the check's other output: diagnostics, kept off the job's stdout
-  fi
-  ((USE_NSYS)) || SRUN_SH_PROFILE_RANKS=''
+# ---- The rank side: srun.sh --rank-exec COMMAND..., one per rank, started by srun or by srun.sh --local ----------
+
+# A rank that cannot start says why in one line and leaves its status for srun.sh's report.
+rank_fails() {
+  printf 'srun.sh: %s\n' "$*" >&2
+  record_rank_status 2
+  exit 2
 }
 
-is_profiled() {
-  [[ ,$SRUN_SH_PROFILE_RANKS, == *,"$1",* ]]
+record_rank_status() {
+  printf '%s %s %s\n' "$1" "$(date +%s.%N)" "$(uname -n)" >"$RUN_DIR/logs/rank-$RANK.status"
 }
 
-# RANK_CMD = what rank $1 (local rank $2, on host $3) runs: its environment, nsys when profiled, then "$@".
-rank_command() {
-  local rank=$1 local_rank=$2 host=$3
-  shift 3
-  RANK_CMD=(env "RANK=$rank" "LOCAL_RANK=$local_rank" "WORLD_SIZE=$WORLD_SIZE" "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE"
-    "MASTER_ADDR=$MASTER_ADDR" "MASTER_PORT=$MASTER_PORT" "RUN_ID=$RUN_ID"
-    "TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$rank}"           # per rank: no compile-cache races
-    "TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions_$rank}")
-  if is_profiled "$rank"; then
-    RANK_CMD+=("$NSYS" "${NSYS_PROFILE_ARGS[@]}" -o "$NSYS_OUTPUT_DIR/$RUN_ID/profile-$host-rank$rank")
-  fi
-  RANK_CMD+=("$@")
+# Gloo (Megatron's CPU groups, torch's store fallbacks) binds the address the host's own name resolves to, which is
+# 127.0.1.1 on Debian/Ubuntu: across nodes it must use the interface that reaches the master instead.
+export_gloo_interface() {
+  [[ -z ${GLOO_SOCKET_IFNAME:-} ]] && ((WORLD_SIZE > LOCAL_WORLD_SIZE)) && command -v ip >/dev/null || return 0
+  local interface
+  interface=$(ip -o -4 addr show | awk -v a="$MASTER_ADDR" '{ split($4, p, "/") } p[1] == a { print $2; exit }')
+  [[ -n $interface ]] ||
+    interface=$(ip -o route get "$MASTER_ADDR" | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')
+  [[ -z $interface ]] || export GLOO_SOCKET_IFNAME=$interface
 }
 
-# Internal mode, inside each SLURM task: SLURM's task ids become torch.distributed's, then the rank command runs.
+# Console lines get the rank as label; the rank's log gets them as they are. Both outlive a SIGTERM to the step, so
+# the rank's last words are kept.
+label_and_log() {
+  trap '' INT TERM
+  tee -a "$1" | sed -u "s/^/$RANK: /"
+}
+
 exec_rank() {
-  [[ -n ${SLURM_PROCID:-} ]] ||
-    die "--rank-exec is srun.sh's own mode inside a SLURM task:" "run ./srun.sh RECIPE.py instead"
-  WORLD_SIZE=$SLURM_NTASKS
-  rank_command "$SLURM_PROCID" "$SLURM_LOCALID" "$(uname -n)" "$@"
-  if is_profiled "$SLURM_PROCID"; then
-    command -v "$NSYS" >/dev/null ||
-      die "--nsys needs nsys, but NSYS=$(q "$NSYS") is not found on $(uname -n):" "install it in the image or set NSYS"
-    mkdir -p -- "$NSYS_OUTPUT_DIR/$RUN_ID"
+  [[ -n ${RUN_DIR:-} ]] || die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
+  if [[ -z ${RANK:-} ]]; then
+    [[ -n ${SLURM_STEP_ID:-} ]] || die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
+    RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID # SLURM's task ids become torch.distributed's
   fi
-  exec "${RANK_CMD[@]}"
+  export RANK LOCAL_RANK
+  export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$RANK}             # per rank: no compile-cache races
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions_$RANK} # per rank, likewise
+  (umask 077 && mkdir -p -- "$RUN_DIR/logs")
+  local visible
+  visible=$(visible_gpus)
+  ((LOCAL_RANK < visible)) ||
+    rank_fails "rank $RANK (local rank $LOCAL_RANK) on $(uname -n) sees $visible GPU(s)" \
+      "(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}): set GPUS_PER_NODE=$visible or allocate" \
+      "$LOCAL_WORLD_SIZE GPUs a node (salloc --gpus-per-node=$LOCAL_WORLD_SIZE)"
+  export_gloo_interface
+
+  local out err status=0
+  local -a log_pids=()
+  exec {out}> >(label_and_log "$RUN_DIR/logs/rank-$RANK.log")
+  log_pids+=("$!")
+  exec {err}> >(label_and_log "$RUN_DIR/logs/rank-$RANK.log" >&2)
+  log_pids+=("$!")
+  # The rank is this shell's only child, in the foreground: a signal reaches it directly (srun and srun.sh signal
+  # every process of the rank), and this shell outlives the signal to record how the rank ended. The report of
+  # the signal that bash would print goes nowhere: srun.sh names the first failure itself.
+  trap : INT TERM
+  { "$@" 1>&"$out" 2>&"$err"; } 2>/dev/null || status=$?
+  record_rank_status "$status"
+  exec {out}>&- {err}>&-
+  wait "${log_pids[@]}"
+  exit "$status"
 }
+
+# ---- The launching side ----------------------------------------------------------------------------------------
 
 print_dry_run() {
-  local -a launch=("$@")
   echo "# srun.sh --dry-run: nothing was started. Each command below is one line you can paste into a shell."
-  if [[ -z ${SLURM_JOB_ID:-} ]] && ((!LOCAL)); then
-    echo "# Not inside an allocation: job id JOBID and node list ${HOSTS[*]} are placeholders."
+  if ((!LOCAL)) && [[ -z ${SLURM_JOB_ID:-} ]]; then
+    echo "# Not inside an allocation: job id JOBID and the first node NODE1 are placeholders."
   fi
-  [[ -z ${PREFLIGHT_NOTE:-} ]] || echo "# Note: $PREFLIGHT_NOTE."
   echo "# Environment srun.sh exports (every rank inherits it):"
   local name
-  for name in NCCL_DEBUG OMP_NUM_THREADS NCCL_GIN_TYPE DEEP_EP_BACKEND MASTER_ADDR MASTER_PORT RUN_ID WORLD_SIZE \
-    LOCAL_WORLD_SIZE NSYS NSYS_OUTPUT_DIR SRUN_SH_PROFILE_RANKS; do
+  for name in NCCL_DEBUG OMP_NUM_THREADS NCCL_GIN_TYPE DEEP_EP_BACKEND MASTER_ADDR MASTER_PORT RUN_ID RUN_DIR \
+    WORLD_SIZE LOCAL_WORLD_SIZE NSYS SRUN_SH_NSYS; do
     printf 'export %s=%q\n' "$name" "${!name}"
   done
-  if ((${#launch[@]})); then
+  if ((LOCAL)); then
+    echo "# Rank commands (srun.sh --local starts them together and stops them all when one fails):"
+    local rank
+    for ((rank = 0; rank < GPUS_PER_NODE; rank++)); do
+      quoted env "RANK=$rank" "LOCAL_RANK=$rank" "${RANK_CMD[@]}"
+    done
+  else
     echo "# Launch command (run it inside the allocation):"
-    quoted "${launch[@]}"
+    quoted "${LAUNCH_CMD[@]}"
   fi
-  echo "# Rank commands (what each rank runs):"
-  local rank
-  for ((rank = 0; rank < WORLD_SIZE; rank++)); do
-    # With SLURM, print rank 0 and every profiled rank (the others differ only in RANK and LOCAL_RANK).
-    if ((LOCAL || rank == 0)) || is_profiled "$rank"; then
-      rank_command "$rank" "$((rank % GPUS_PER_NODE))" "${HOSTS[rank / GPUS_PER_NODE]:-${HOSTS[0]}}" "${BASE_CMD[@]}"
-      quoted "${RANK_CMD[@]}"
-    fi
-  done
 }
 
-launch_slurm() {
-  local -a cmd=(srun --nodes="$NODES" --ntasks-per-node="$GPUS_PER_NODE" --mpi="$SRUN_MPI" --kill-on-bad-exit=1
-    --label --quit-on-interrupt)
+slurm_launch_command() {
+  LAUNCH_CMD=(srun --nodes="${#HOSTS[@]}" --ntasks="$WORLD_SIZE" --ntasks-per-node="$GPUS_PER_NODE")
+  # Explicit, so nothing inherited from the allocation or an enclosing step (-n1, --ntasks-per-node=1,
+  # --cpus-per-task, cyclic placement) changes where the ranks go.
+  [[ -z $CPUS_PER_RANK ]] || LAUNCH_CMD+=(--cpus-per-task="$CPUS_PER_RANK")
+  LAUNCH_CMD+=(--distribution=block --mpi=none --kill-on-bad-exit=1 --job-name="srunsh-$RUN_ID")
+  # Started from inside a job step (srun ... ./srun.sh, srun --pty bash): share that step's resources.
+  [[ -z ${SLURM_STEP_ID:-} ]] || LAUNCH_CMD+=(--overlap)
   if ((USE_CONTAINER)); then
-    cmd+=("${CONTAINER_ARGS[@]}")
+    # No --container-name: pyxis removes an unnamed container when the step ends, so none piles up on the nodes.
+    LAUNCH_CMD+=(--container-image="$SQSH" --container-mounts="$MOUNT" --container-workdir="$TASK_WORKDIR")
   fi
-  cmd+=("${SRUN_EXTRA[@]}" "$SELF" --rank-exec "${BASE_CMD[@]}")
-  if ((DRY_RUN)); then
-    print_dry_run "${cmd[@]}"
-    exit 0
+  LAUNCH_CMD+=("${SRUN_EXTRA[@]}" "${RANK_CMD[@]}")
+}
+
+# srun's own per-task status lines; srun.sh reports the first failure itself.
+drop_task_status() {
+  trap '' INT TERM
+  grep --line-buffered -v -E '^(srun: error: [^ ]+: tasks? [0-9,-]+: (Exited with exit code [0-9]+|Terminated|Killed)|slurmstepd(-[^:]+)?: error: \*\*\* STEP [0-9.]+ ON .* CANCELLED AT .*)$' || true
+}
+
+# SIGTERM to every rank, SIGKILL to what is left after the grace period. Runs as a trap: srun.sh then exits 128+N.
+# shellcheck disable=SC2329  # invoked by the traps that trap_stop_signals sets
+stop_launch() {
+  [[ -z ${STOPPED_BY:-} ]] || return 0
+  STOPPED_BY=$1
+  echo "srun.sh: got SIG$1; sending SIGTERM to every rank" >&2
+  if ((LOCAL)); then
+    stop_local_ranks
+    return
   fi
-  echo "# srun.sh: $NODES node(s) x $GPUS_PER_NODE rank(s), run $RUN_ID, master $MASTER_ADDR:$MASTER_PORT" >&2
-  quoted "${cmd[@]}" >&2
-  # exec: SIGINT/SIGTERM to srun.sh reach srun itself, which stops the step (--quit-on-interrupt for one SIGINT).
-  exec "${cmd[@]}"
+  local step grace
+  step=$(launch_step)
+  if [[ -z $step ]]; then
+    [[ -z $LAUNCH_PID ]] || kill -TERM "$LAUNCH_PID" 2>/dev/null || true # no step yet: srun cancels its request
+    return
+  fi
+  scancel --signal=TERM "$step" || true
+  grace=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 + 0 }') || true
+  local deadline=$((SECONDS + ${grace:-30}))
+  while kill -0 "$LAUNCH_PID" 2>/dev/null && ((SECONDS < deadline)); do
+    sleep 0.2
+  done
+  scancel "$step" 2>/dev/null || true
 }
 
-# Prefix every line of a rank's output with its rank, like srun --label.
-label() {
-  trap '' INT
-  sed -u "s/^/$1: /"
+# JOB.STEP of this launch's srun step; empty before it exists.
+# shellcheck disable=SC2329  # invoked by the functions the traps run
+launch_step() {
+  squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' 2>/dev/null |
+    awk -v name="srunsh-$RUN_ID" '$2 == name { print $1; exit }' || true
 }
 
-# Alive and not yet a zombie.
-is_running() {
-  local stat
-  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
-  stat=${stat##*) }
-  [[ ${stat%% *} != Z ]]
-}
-
-# SIGTERM to every rank's process group, SIGKILL to what is left after STOP_GRACE_S, then reap them.
-stop_ranks() {
-  ((${#RANK_PIDS[@]})) || return 0
+stop_local_ranks() {
   local pid deadline=$((SECONDS + STOP_GRACE_S))
+  ((${#RANK_PIDS[@]})) || return 0
   for pid in "${RANK_PIDS[@]}"; do
     kill -TERM -- "-$pid" 2>/dev/null || true
   done
   for pid in "${RANK_PIDS[@]}"; do
-    while is_running "$pid" && ((SECONDS < deadline)); do
+    while kill -0 -- "-$pid" 2>/dev/null && ((SECONDS < deadline)); do
       sleep 0.2
     done
-  done
-  for pid in "${RANK_PIDS[@]}"; do
     kill -KILL -- "-$pid" 2>/dev/null || true
   done
-  wait "${RANK_PIDS[@]}" 2>/dev/null || true
-  RANK_PIDS=()
 }
 
+trap_stop_signals() {
+  STOPPED_BY='' LAUNCH_PID='' RANK_PIDS=()
+  local signal
+  for signal in INT TERM HUP; do
+    # shellcheck disable=SC2064  # the signal's name is fixed now, on purpose
+    trap "stop_launch $signal" "$signal"
+  done
+  TIME_LIMIT_REACHED=0
+  ((!BATCH_JOB)) || trap save_before_time_limit USR1
+}
+
+# A wait that outlives the signals srun.sh traps: returns the child's own status once it has ended.
+wait_for() {
+  local status
+  while :; do
+    status=0
+    wait "$1" || status=$?
+    kill -0 "$1" 2>/dev/null || return "$status"
+  done
+}
+
+launch_slurm() {
+  local err filter_pid status=0
+  exec {err}> >(drop_task_status >&2)
+  filter_pid=$!
+  "${LAUNCH_CMD[@]}" 2>&"$err" &
+  LAUNCH_PID=$!
+  exec {err}>&-
+  wait_for "$LAUNCH_PID" || status=$?
+  wait "$filter_pid" || true
+  return "$status"
+}
+
+# One process group a rank (setsid), so SIGTERM reaches everything the rank started. Not torchrun: on a failure it
+# prints its own multi-line report into the stream that carries srun.sh's one-line errors, and exits 1 whatever the
+# rank's status; srun.sh reports the first failure from the ranks' own records instead.
 launch_local() {
-  local rank
+  local rank status=0 left=$GPUS_PER_NODE
+  for ((rank = 0; rank < GPUS_PER_NODE; rank++)); do
+    RANK=$rank LOCAL_RANK=$rank setsid "${RANK_CMD[@]}" &
+    RANK_PIDS+=("$!")
+  done
+  while ((left)) && [[ -z $STOPPED_BY ]]; do
+    status=0
+    wait -n || status=$?
+    [[ -z $STOPPED_BY ]] || break
+    left=$((left - 1))
+    if ((status)); then
+      stop_local_ranks
+      break
+    fi
+  done
+  wait
+  return "$status"
+}
+
+# Which rank failed first, on which host, with which status, and the end of its log; or the one-line config error
+# that every rank found. Ranks that the launcher stopped (SIGINT, SIGTERM, SIGKILL) sort after one that failed.
+report_failure() {
+  local logs=$RUN_DIR/logs file status when host stopped rank line
+  if [[ -s $logs/usage-error ]]; then
+    cat -- "$logs/usage-error" >&2
+    FIRST_STATUS=2
+    return 0
+  fi
+  line=$(for file in "$logs"/rank-*.status; do
+    [[ -e $file ]] || continue
+    read -r status when host <"$file"
+    ((status)) || continue
+    case $status in
+      130 | 137 | 143) stopped=1 ;;
+      *) stopped=0 ;;
+    esac
+    rank=${file##*/rank-}
+    echo "$stopped $when ${rank%.status} $status $host"
+  done | sort -k1,1n -k2,2g | head -n 1)
+  [[ -n $line ]] || return 1
+  read -r stopped when rank FIRST_STATUS host <<<"$line"
+  echo "srun.sh: rank $rank on $host failed first, with exit status $FIRST_STATUS; the end of" \
+    "$logs/rank-$rank.log:" >&2
+  tail -n 20 -- "$logs/rank-$rank.log" | sed 's/^/    /' >&2
+}
+
+# ---- Batch jobs: srun.sh --sbatch SBATCH_OPTION... -- LAUNCH..., and the job's own srun.sh --batch-job LAUNCH... --
+
+# Seconds of a SLURM time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); nothing for UNLIMITED or a form that sbatch
+# refuses by itself.
+time_limit_seconds() {
+  local value=$1 days=0 h=0 m=0 s=0
+  local -a f
+  [[ $value =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ ]] || return 0
+  if [[ $value == *-* ]]; then
+    days=${value%%-*}
+    IFS=: read -ra f <<<"${value#*-}"
+    h=${f[0]} m=${f[1]:-0} s=${f[2]:-0}
+  else
+    IFS=: read -ra f <<<"$value"
+    case ${#f[@]} in
+      1) m=${f[0]} ;;
+      2) m=${f[0]} s=${f[1]} ;;
+      *) h=${f[0]} m=${f[1]} s=${f[2]} ;;
+    esac
+  fi
+  echo $((((10#$days * 24 + 10#$h) * 60 + 10#$m) * 60 + 10#$s))
+}
+
+# The time limit among sbatch options (the last one wins, as in sbatch), else $SBATCH_TIMELIMIT.
+sbatch_time_limit() {
+  local value=${SBATCH_TIMELIMIT:-}
+  while (($#)); do
+    case $1 in
+      -t | --time) value=${2:-} && shift ;;
+      --time=*) value=${1#--time=} ;;
+      -t?*) value=${1#-t} ;;
+    esac
+    shift
+  done
+  printf '%s\n' "$value"
+}
+
+# The job's script: sbatch copies it into SLURM's spool, so it names this checkout's srun.sh by its full path.
+batch_script() {
+  printf '#!/usr/bin/env bash\n# srun.sh --sbatch: one run that saves before its time limit and requeues itself.\n'
+  printf 'exec %q --batch-job' "$REPO_DIR/srun.sh"
+  printf ' %q' "$@"
+  printf '\n'
+}
+
+submit_batch() {
+  local -a sbatch_args=() launch=()
+  while (($#)) && [[ $1 != -- ]]; do
+    sbatch_args+=("$1")
+    shift
+  done
+  (($#)) || die "--sbatch takes sbatch options, then -- and the launch:" "./srun.sh --sbatch -N 2 -t 4:00:00 -- RECIPE.py"
+  shift
+  SUBMITTING=1
+  parse_args "$@"
+  local arg
+  for arg in "$@"; do
+    [[ $arg == --dry-run ]] || launch+=("$arg")
+  done
+  ((!LOCAL)) || die "--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch"
+  is_positive_int "$SAVE_LEAD_S" || die "SAVE_LEAD_S=$(q "$SAVE_LEAD_S") is not a number of seconds: e.g. SAVE_LEAD_S=300"
+  [[ $MAX_RETRIES =~ ^[0-9]+$ ]] || die "MAX_RETRIES=$(q "$MAX_RETRIES") is not a count: e.g. MAX_RETRIES=2"
+  validate
+  local limit seconds
+  limit=$(sbatch_time_limit "${sbatch_args[@]}")
+  seconds=$(time_limit_seconds "$limit")
+  if [[ -n $seconds ]] && ((seconds <= SAVE_LEAD_S)); then
+    die "time limit $limit ($seconds s) leaves no time before the save SAVE_LEAD_S=$SAVE_LEAD_S s ahead of it:" \
+      "give a longer --time or a smaller SAVE_LEAD_S"
+  fi
+  command -v sbatch >/dev/null || die "sbatch is not found on this host:" "submit where SLURM's client commands are"
+
+  local -a submit=(sbatch --requeue --open-mode=append "--signal=B:USR1@$SAVE_LEAD_S")
+  [[ " ${sbatch_args[*]} " == *" -o"* || " ${sbatch_args[*]} " == *" --output"* ]] ||
+    submit+=("--output=$RUN_ROOT/slurm-%j.out")
+  submit+=("${sbatch_args[@]}")
+  local script
+  script=$(batch_script "${launch[@]}")
+  if ((DRY_RUN)); then
+    echo "# srun.sh --sbatch --dry-run: nothing was submitted. The submission, with the job script on its stdin:"
+    quoted "${submit[@]}"
+    printf '%s\n' "$script"
+    exit 0
+  fi
+  local out job
+  out=$("${submit[@]}" --test-only 2>&1 <<<"$script") ||
+    die "sbatch refused the job: $(grep -m 1 -i 'error\|unrecognized\|invalid' <<<"$out" || head -n 1 <<<"$out")"
+  (umask 077 && mkdir -p -- "$RUN_ROOT")
+  job=$("${submit[@]}" --parsable <<<"$script")
+  job=${job%%;*}
+  echo "srun.sh: submitted batch job $job: run ${RUN_ID:-$job}, outputs in $RUN_ROOT/${RUN_ID:-$job}/," \
+    "rank logs in its logs/, the job's log in $RUN_ROOT/slurm-$job.out"
+  exit 0
+}
+
+# The batch job is SAVE_LEAD_S from its time limit (sbatch --signal=B:USR1): every rank gets SIGTERM, on which
+# Megatron Bridge saves a checkpoint and stops; the job then requeues itself.
+# shellcheck disable=SC2329  # invoked by the trap that trap_stop_signals sets
+save_before_time_limit() {
+  TIME_LIMIT_REACHED=1
+  echo "srun.sh: job $SLURM_JOB_ID reaches its time limit in ${SAVE_LEAD_S}s: SIGTERM to every rank to save and stop" >&2
+  local step
+  step=$(launch_step)
+  [[ -z $step ]] || scancel --signal=TERM "$step" || true
+}
+
+# After the launch of a --sbatch job: requeue it when it stopped for its time limit, or failed with retries left;
+# it then resumes run RUN_ID from its latest checkpoint. SIGTERM to the job (scancel, preemption) requeues nothing:
+# SLURM requeues a preempted job itself.
+requeue_batch_job() {
+  local status=$1 history=$RUN_DIR/logs/requeues.log reason failures
+  if ((TIME_LIMIT_REACHED)); then
+    reason="saved before the time limit (exit status $status)"
+  elif ((status)) && [[ -z $STOPPED_BY ]]; then
+    failures=$(grep -c ': failed ' "$history" 2>/dev/null) || true
+    if ((${failures:-0} >= MAX_RETRIES)); then
+      echo "srun.sh: job $SLURM_JOB_ID failed, and is not requeued: it was requeued after ${failures:-0}" \
+        "failure(s) already (MAX_RETRIES=$MAX_RETRIES)" >&2
+      return "$status"
+    fi
+    reason="failed with exit status $status"
+  else
+    return "$status"
+  fi
+  printf '%s job %s restart %s: %s\n' "$(date +%FT%T)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$reason" >>"$history"
+  echo "srun.sh: $reason: requeueing job $SLURM_JOB_ID, which resumes run $RUN_ID from its latest checkpoint" >&2
+  scontrol requeue "$SLURM_JOB_ID" || return "$status"
+}
+
+main() {
+  BATCH_JOB=0 SUBMITTING=0
+  case ${1:-} in
+    --rank-exec)
+      shift
+      exec_rank "$@"
+      ;;
+    --sbatch)
+      shift
+      submit_batch "$@"
+      ;;
+    --batch-job)
+      shift
+      BATCH_JOB=1
+      RUN_ID=${RUN_ID:-${SLURM_JOB_ID:?--batch-job runs only as the batch script of srun.sh --sbatch}}
+      ;;
+  esac
+  parse_args "$@"
+  validate
+  resolve_job
+  export_rank_env
+  local python_cmd=("$PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
+  RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}")
+  ((LOCAL)) || slurm_launch_command
   if ((DRY_RUN)); then
     print_dry_run
     exit 0
   fi
-  echo "# srun.sh: $GPUS_PER_NODE local rank(s), run $RUN_ID, master $MASTER_ADDR:$MASTER_PORT; rank 0 runs:" >&2
-  rank_command 0 0 "${HOSTS[0]}" "${BASE_CMD[@]}"
-  quoted "${RANK_CMD[@]}" >&2
 
-  ((USE_NSYS)) && mkdir -p -- "$NSYS_OUTPUT_DIR/$RUN_ID"
-  RANK_PIDS=()
-  local -A rank_of=()
-  trap 'stop_ranks; exit 130' INT
-  trap 'stop_ranks; exit 143' TERM
-  trap 'stop_ranks' EXIT
-  local -a label_pids=()
-  local out err
-  for ((rank = 0; rank < GPUS_PER_NODE; rank++)); do
-    rank_command "$rank" "$rank" "${HOSTS[0]}" "${BASE_CMD[@]}"
-    exec {out}> >(label "$rank")
-    label_pids+=("$!")
-    exec {err}> >(label "$rank" >&2)
-    label_pids+=("$!")
-    # setsid: each rank leads its own process group, so stopping it also stops what it started.
-    setsid "${RANK_CMD[@]}" 1>&"$out" 2>&"$err" &
-    RANK_PIDS+=("$!")
-    rank_of[$!]=$rank
-    exec {out}>&- {err}>&-
-  done
+  (umask 077 && mkdir -p -- "$RUN_DIR/logs")
+  rm -f -- "$RUN_DIR"/logs/rank-*.status "$RUN_DIR/logs/usage-error"
+  local how="new run"
+  ((RESUMING)) && how="resuming run"
+  echo "# srun.sh: ${#HOSTS[@]} node(s) x $GPUS_PER_NODE rank(s), $how $RUN_ID in $RUN_DIR," \
+    "master $MASTER_ADDR:$MASTER_PORT; each rank runs:" >&2
+  quoted "${python_cmd[@]}" >&2
 
-  local status=0 done_pid
-  while ((${#RANK_PIDS[@]})); do
-    status=0 done_pid=''
-    wait -n -p done_pid "${RANK_PIDS[@]}" || status=$?
-    local -a left=()
-    local pid
-    for pid in "${RANK_PIDS[@]}"; do
-      [[ $pid == "$done_pid" ]] || left+=("$pid")
-    done
-    RANK_PIDS=("${left[@]}")
-    if ((status != 0)); then
-      echo "srun.sh: rank ${rank_of[$done_pid]} exited with status $status; stopping the other ranks" >&2
-      stop_ranks
-      break
-    fi
-  done
-  trap - INT TERM EXIT
-  wait "${label_pids[@]}" 2>/dev/null || true
-  exit "$status"
-}
-
-main() {
-  if [[ ${1:-} == --rank-exec ]]; then
-    shift
-    exec_rank "$@"
-  fi
-  parse_args "$@"
-  validate
-  resolve_master
-  CONTAINER_ARGS=(--container-image="$SQSH" --container-mounts="$MOUNT" --container-workdir="${TASK_WORKDIR:-}"
-    --container-name="megatron-$RUN_ID")
-  BASE_CMD=("$PYTHON" "$ENTRYPOINT" "$RECIPE_ARG" "${OVERRIDES[@]}")
-  export_network_env
-  preflight
+  trap_stop_signals
+  local status=0
   if ((LOCAL)); then
-    launch_local
+    launch_local || status=$?
   else
-    launch_slurm
+    launch_slurm || status=$?
   fi
+  if [[ -n $STOPPED_BY ]]; then
+    exit $((128 + $(kill -l "$STOPPED_BY")))
+  fi
+  if ((status)) && report_failure; then
+    status=$FIRST_STATUS
+  fi
+  ((!BATCH_JOB)) || requeue_batch_job "$status" || status=$?
+  exit "$status"
 }
 
 main "$@"

@@ -1,18 +1,29 @@
-"""Checks of a resolved config that Megatron Bridge would otherwise make late (after distributed init, on every rank,
-as an assertion) or never. Each failure is a UsageError naming the fix."""
+"""Checks of a resolved config before any rank joins the job: Megatron Bridge's own ConfigContainer.validate(), run
+on a copy for the job's world size, and what upstream leaves to a later failure on every rank (the VizTracer switch
+and the profiling window, profiled ranks outside the job, expert parallelism that does not divide the ranks). Each
+failure is a one-line UsageError."""
+
+import copy
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from megatron.bridge.training.config import ConfigContainer
 
-from launcher.errors import UsageError
+from launcher.errors import UsageError, first_line
 from viztracer_plugin import active_profilers
+
+# What ConfigContainer.validate() raises for a config it refuses (its checks are asserts and ValueErrors).
+REFUSALS = (AssertionError, ValueError, TypeError, KeyError, NotImplementedError)
 
 
 def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
     check_profiling(cfg)
-    check_megatron_fsdp(cfg)
-    check_cpu_offloading(cfg)
-    if world_size is not None:
-        check_parallelism(cfg, world_size)
+    if world_size is None:
+        return
+    validated = upstream_validated(cfg, world_size)
+    check_expert_parallelism(validated, world_size)
+    check_profiled_ranks(cfg, world_size)
 
 
 def check_profiling(cfg: ConfigContainer) -> None:
@@ -31,59 +42,50 @@ def check_profiling(cfg: ConfigContainer) -> None:
         )
 
 
-def check_megatron_fsdp(cfg: ConfigContainer) -> None:
-    if cfg.dist.use_megatron_fsdp != cfg.ddp.use_megatron_fsdp:
-        raise UsageError(
-            "dist.use_megatron_fsdp and ddp.use_megatron_fsdp differ: set both, or pass use_megatron_fsdp=true"
-        )
-    if not cfg.dist.use_megatron_fsdp:
-        return
-    if cfg.dist.use_torch_fsdp2:
-        raise UsageError("Megatron FSDP and torch FSDP2 exclude each other: set dist.use_torch_fsdp2=false")
-    if cfg.dist.use_tp_pp_dp_mapping:
-        raise UsageError("Megatron FSDP does not support dist.use_tp_pp_dp_mapping: set it to false")
-    saves_or_loads = cfg.checkpoint.save is not None or cfg.checkpoint.load is not None
-    if saves_or_loads and cfg.checkpoint.ckpt_format != "fsdp_dtensor":
-        raise UsageError(
-            "Megatron FSDP saves and loads only checkpoint.ckpt_format=fsdp_dtensor,"
-            f" not {cfg.checkpoint.ckpt_format!r}: set checkpoint.ckpt_format=fsdp_dtensor"
-        )
+@contextmanager
+def world_size_of(world_size: int) -> Iterator[None]:
+    """Megatron Bridge reads the job's size from WORLD_SIZE before torch.distributed is up."""
+    before = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(world_size)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["WORLD_SIZE"]
+        else:
+            os.environ["WORLD_SIZE"] = before
 
 
-def check_cpu_offloading(cfg: ConfigContainer) -> None:
-    model = cfg.model
-    if not getattr(model, "cpu_offloading", False):
-        return
-    if model.pipeline_model_parallel_size > 1:
-        raise UsageError("model.cpu_offloading needs model.pipeline_model_parallel_size=1: turn one of them off")
-    if model.recompute_granularity is not None:
-        raise UsageError("model.cpu_offloading excludes activation recompute: set model.recompute_granularity=null")
+def upstream_validated(cfg: ConfigContainer, world_size: int) -> ConfigContainer:
+    """A copy of cfg after Megatron Bridge's validate(), which also fills in what it derives (expert TP, DP size)."""
+    validated = copy.deepcopy(cfg)
+    with world_size_of(world_size):
+        try:
+            validated.validate()
+        except REFUSALS as error:
+            raise UsageError(
+                f"Megatron Bridge refuses this config for {world_size} ranks: {first_line(error)}"
+                " (ConfigContainer.validate(); change the override it names)"
+            ) from None
+    return validated
 
 
-def check_parallelism(cfg: ConfigContainer, world_size: int) -> None:
-    """The rank arithmetic Megatron checks only after every rank has joined the process group."""
-    model = cfg.model
-    tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
-    cp = model.context_parallel_size or 1
-    if world_size % (tp * pp * cp):
-        raise UsageError(
-            f"{world_size} ranks do not divide into TP*PP*CP = {tp}*{pp}*{cp}: change the node count or GPUS_PER_NODE,"
-            " or the model.*_parallel_size overrides"
-        )
-    ep = model.expert_model_parallel_size or 1
-    etp = model.expert_tensor_parallel_size or tp
+def check_expert_parallelism(validated: ConfigContainer, world_size: int) -> None:
+    """Megatron checks this only once every rank has joined the process group."""
+    model = validated.model
+    ep, etp, pp = (
+        model.expert_model_parallel_size or 1,
+        model.expert_tensor_parallel_size,
+        model.pipeline_model_parallel_size,
+    )
     if ep > 1 and world_size % (ep * etp * pp):
         raise UsageError(
             f"{world_size} ranks do not divide into EP*ETP*PP = {ep}*{etp}*{pp}: change the node count,"
             " model.expert_model_parallel_size or model.expert_tensor_parallel_size"
         )
-    data_parallel = world_size // (tp * pp * cp)
-    gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size
-    if gbs is not None and gbs % (mbs * data_parallel):
-        raise UsageError(
-            f"train.global_batch_size={gbs} is not a multiple of micro_batch_size*data_parallel = {mbs}*{data_parallel}"
-            f" on {world_size} ranks: change train.global_batch_size"
-        )
+
+
+def check_profiled_ranks(cfg: ConfigContainer, world_size: int) -> None:
     outside = [rank for rank in profiled_ranks(cfg, world_size) if rank >= world_size]
     if active_profilers(cfg.profiling) and outside:
         raise UsageError(

@@ -1,5 +1,29 @@
-"""The one exception type a user sees: entrypoint.py prints it as one line and exits 2, before anything starts."""
+"""The one exception type a user sees, and how it reaches them: one line, exit status 2, before any rank joins."""
+
+import os
+import sys
+from pathlib import Path
 
 
 class UsageError(Exception):
     """Bad input; the message names the problem and the fix."""
+
+
+def first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def report(error: UsageError) -> None:
+    """One line on stderr. A rank that srun.sh started leaves it in its run's logs instead, and only the job's first
+    rank to get there does, so srun.sh prints it once for the whole job however many ranks found it."""
+    line = f"entrypoint.py: error: {error}\n"
+    if "RANK" in os.environ and "RUN_DIR" in os.environ:
+        try:
+            with open(Path(os.environ["RUN_DIR"]) / "logs" / "usage-error", "x") as first:
+                first.write(line)
+            return
+        except FileExistsError:
+            return
+        except OSError:
+            pass  # no run directory to leave it in: say it here
+    sys.stderr.write(line)

@@ -21,9 +21,10 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.utils import omegaconf_utils
+from megatron.bridge.utils.activation_map import DTYPE_MAP
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from launcher.errors import UsageError
+from launcher.errors import UsageError, first_line
 
 
 def parse(arguments: list[str]) -> list[Override]:
@@ -46,10 +47,6 @@ def parse(arguments: list[str]) -> list[Override]:
         seen.add(override.key_or_group)
         parsed.append(override)
     return parsed
-
-
-def first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def split_for_configure(
@@ -165,6 +162,17 @@ def field_types(cls: type) -> dict[str, Any]:
         return {}
 
 
+# What a parsed override value must be to fit a field of each scalar type.
+SCALARS: dict[Any, Callable[[Any], bool]] = {
+    bool: lambda value: isinstance(value, bool),
+    int: lambda value: isinstance(value, int) and not isinstance(value, bool),
+    float: lambda value: isinstance(value, (int, float)) and not isinstance(value, bool),
+    str: lambda value: isinstance(value, str),
+    Path: lambda value: isinstance(value, str),
+    torch.dtype: lambda value: value in DTYPE_MAP,  # the names Megatron Bridge's omegaconf_utils makes dtypes of
+}
+
+
 def matches_type(value: Any, annotation: Any) -> bool:
     """Whether a parsed override value can be stored in a field annotated so (lenient where unsure)."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
@@ -182,14 +190,8 @@ def matches_type(value: Any, annotation: Any) -> bool:
         )
     if origin is dict or annotation is dict:
         return isinstance(value, dict)
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation in (str, Path, torch.dtype):
-        return isinstance(value, str)
+    if annotation in SCALARS:
+        return SCALARS[annotation](value)
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         return value in annotation.__members__ or value in {m.value for m in annotation}
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
@@ -198,4 +200,6 @@ def matches_type(value: Any, annotation: Any) -> bool:
 
 
 def type_name(annotation: Any) -> str:
+    if annotation is torch.dtype or torch.dtype in typing.get_args(annotation):
+        return "a dtype: " + ", ".join(sorted(name for name in DTYPE_MAP if not name.startswith("torch.")))
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")

@@ -1,13 +1,18 @@
-"""A real single-node SLURM (Debian's slurm-wlm 22.05 and munge) on this host, for tests that run srun.sh as a user.
+"""A real two-node SLURM on this machine (Debian's slurm-wlm 22.05 and munge), for tests that run srun.sh as a user.
 
-Load it with `pytest_plugins = ["tests.slurm_cluster"]` (tests/conftest.py or a test module). The session fixture
-`slurm_cluster` writes slurm.conf into a temporary directory, starts munged, slurmctld and slurmd in the foreground
-as children of this process (root, no cgroups: proctrack/linuxproc, task/none), waits until the node is idle, and
-yields a SlurmCluster. Afterwards it cancels every job, stops the three daemons by pid and removes the directory.
-When the cluster cannot start, the test fails with the daemon logs; it is never skipped.
+Load it with `pytest_plugins = ["tests.slurm_cluster"]`. The session fixture `slurm_cluster` builds three hosts, a
+controller `ctl` and the compute nodes `node1` and `node2`, each a holder process with its own network, UTS (hostname)
+and mount namespace. A Linux bridge in a namespace of its own joins them on a private /24 that exists only between
+these namespaces: no default route, nothing added to the machine's own network namespace. Each host bind-mounts its
+own /etc/hosts (with Debian's `127.0.1.1 <hostname>` line, the cause of loopback master addresses),
+an nsswitch.conf that resolves names from files only, and its own directory as its local disk (munge socket, spool,
+logs, pid files). Every host runs munged; ctl runs slurmctld, each node slurmd (proctrack/linuxproc, task/none, no
+cgroups). Client commands run on ctl, the login node: `cluster.run(["salloc", ...])`.
 
-The node has 8 CPUs whatever the host has (SlurmdParameters=config_overrides) and select/linear hands out whole
-nodes, as GPU clusters do, so `salloc -N1` can run up to 8 tasks on a 2-core CI runner.
+Resources are those of a GPU cluster: select/cons_tres, 8 CPUs and 4 count-only GPUs per node (GRES without device
+files), a default partition `gpu` that hands out whole nodes, and a partition `shared` that does not.
+When the cluster cannot start, the test fails with the daemon logs; it is never skipped. Afterwards every job is
+cancelled, the daemons and holders stopped, and the directory removed.
 """
 
 from __future__ import annotations
@@ -16,143 +21,121 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
+import signal
+import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+SUBNET = "10.231.77"
 NODE_CPUS = 8
+NODE_GPUS = 4
 START_TIMEOUT_S = 60
-DAEMONS = ("munged", "slurmctld", "slurmd")
+CONTROLLER = "ctl"
+NODES = ("node1", "node2")
+ADDRESSES = {CONTROLLER: f"{SUBNET}.10", "node1": f"{SUBNET}.11", "node2": f"{SUBNET}.12"}
+
+
+@dataclasses.dataclass
+class Host:
+    name: str
+    address: str
+    holder: subprocess.Popen  # `sleep infinity` inside the host's namespaces
+    local: Path  # what the host sees at the cluster's `local` directory
+
+    @property
+    def pid(self) -> int:
+        return self.holder.pid
+
+    def enter(self, args: list[str], cwd: Path | str = "/") -> list[str]:
+        """`args` run inside this host's namespaces, in `cwd` (entering a mount namespace resets the directory)."""
+        namespaces = ["--net", "--uts", "--mount"]
+        return ["nsenter", f"--target={self.pid}", *namespaces, f"--wd={cwd}", "--", *args]
+
+    def uts_namespace(self) -> str:
+        return os.readlink(f"/proc/{self.pid}/ns/uts")
 
 
 @dataclasses.dataclass
 class SlurmCluster:
     root: Path
     conf: Path
-    node: str
-    env: dict[str, str]  # os.environ without SLURM_* job variables, plus SLURM_CONF
-    mpi: str  # the srun --mpi plugin that works here: pmix when libpmix is installed, else pmi2
-    mpi_note: str
+    hosts: dict[str, Host]
+    env: dict[str, str]  # os.environ without SLURM job variables, plus SLURM_CONF
+    daemons: dict[str, subprocess.Popen] = dataclasses.field(default_factory=dict)
+
+    @property
+    def login(self) -> Host:
+        return self.hosts[CONTROLLER]
+
+    def command(self, args: list[str], host: str = CONTROLLER, cwd: Path | str = "/") -> list[str]:
+        return self.hosts[host].enter(args, cwd)
+
+    def run(
+        self, args: list[str], timeout: float = 60, host: str = CONTROLLER, **kwargs
+    ) -> subprocess.CompletedProcess:
+        """Run a command on one host of the cluster (by default ctl, where users type salloc and sbatch)."""
+        kwargs.setdefault("env", self.env)
+        cwd = kwargs.pop("cwd", "/")
+        return subprocess.run(
+            self.command(args, host, cwd), capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+        )
+
+    def popen(self, args: list[str], host: str = CONTROLLER, **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("env", self.env)
+        cwd = kwargs.pop("cwd", "/")
+        return subprocess.Popen(self.command(args, host, cwd), **kwargs)
 
     def logs(self) -> str:
         parts = []
-        for path in sorted((self.root / "log").glob("*")):
+        for path in sorted([*self.root.glob("hosts/*/*.log"), *self.root.glob("hosts/*/*.out")]):
             text = path.read_text(errors="replace")
-            parts.append(f"----- {path.name} (last 60 lines) -----\n" + "\n".join(text.splitlines()[-60:]))
+            name = f"{path.parent.name}/{path.name}"
+            parts.append(f"----- {name} (last 60 lines) -----\n" + "\n".join(text.splitlines()[-60:]))
         return "\n".join(parts)
 
-    def run(self, args: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
-        """Run a command (e.g. a SLURM client) against this cluster."""
-        kwargs.setdefault("env", self.env)
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
-
-    def node_state(self) -> str:
+    def node_states(self) -> list[str]:
         try:
-            result = self.run(["sinfo", "--noheader", "--Node", "--format=%T"], timeout=10)
+            result = self.run(["sinfo", "--noheader", "--Node", "--partition=gpu", "--format=%T"], timeout=10)
         except subprocess.TimeoutExpired:
-            return "no answer from slurmctld"
-        return result.stdout.strip()
-
-    def job_ids(self) -> list[str]:
-        result = self.run(["squeue", "--noheader", "--format=%i"], timeout=10)
+            return ["no answer from slurmctld"]
         return result.stdout.split()
 
+    def job_ids(self) -> list[str]:
+        return self.run(["squeue", "--noheader", "--format=%i"], timeout=10).stdout.split()
+
     def wait_idle(self, timeout: float = 30) -> None:
-        """Wait until no job is left and the node is idle again (jobs complete asynchronously)."""
+        """Wait until no job is left and every node is idle again (jobs complete asynchronously)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self.job_ids() and self.node_state() == "idle":
+            # "planned": idle, but the backfill scheduler held the node for a job that has ended since.
+            if not self.job_ids() and all(state in ("idle", "planned") for state in self.node_states()):
                 return
             time.sleep(0.2)
-        raise AssertionError(f"SLURM node not idle after {timeout}s: {self.node_state()!r}\n{self.logs()}")
+        jobs = self.run(["squeue", "--format=%i %T %r"], timeout=10).stdout
+        raise AssertionError(f"SLURM not idle after {timeout}s: nodes {self.node_states()}, jobs {jobs}\n{self.logs()}")
+
+    def processes_on(self, host: str) -> list[int]:
+        """Processes on a node other than its holder and daemons: what a job left behind."""
+        own = {self.hosts[host].pid, *(p.pid for p in self.daemons.values())}
+        namespace = self.hosts[host].uts_namespace()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in own:
+                continue
+            try:
+                if os.readlink(entry / "ns" / "uts") == namespace and not pid_gone(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_config(root: Path, node: str) -> Path:
-    for name in ("munge", "run", "log", "state", "spool"):
-        (root / name).mkdir()
-    # munged insists: key readable by its owner only, socket directory searchable by everyone.
-    (root / "munge").chmod(0o700)
-    key = root / "munge" / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o400)
-    root.chmod(0o755)
-    (root / "run").chmod(0o755)
-    (root / "plugstack.conf").write_text("")  # no SPANK plugins (pyxis), whatever /etc/slurm holds
-    (root / "cgroup.conf").write_text("IgnoreSystemd=yes\n")
-    conf = root / "slurm.conf"
-    conf.write_text(
-        f"""\
-ClusterName=srunshtest
-SlurmctldHost={node}(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={root}/run/munge.socket
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/run/slurmctld.pid
-SlurmdPidFile={root}/run/slurmd.pid
-SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
-PlugStackConfig={root}/plugstack.conf
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SelectType=select/linear
-SlurmdParameters=config_overrides
-MpiDefault=none
-MailProg=/bin/true
-ReturnToService=2
-KillWait=5
-InactiveLimit=0
-MessageTimeout=20
-NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
-"""
-    )
-    return conf
-
-
-def _start(root: Path, conf: Path, env: dict[str, str]) -> dict[str, subprocess.Popen]:
-    munge = root / "munge"
-    commands = {
-        "munged": [
-            "munged",
-            "--foreground",
-            f"--socket={root}/run/munge.socket",
-            f"--key-file={munge}/munge.key",
-            f"--log-file={root}/log/munged.log",
-            f"--pid-file={munge}/munged.pid",
-            f"--seed-file={munge}/munged.seed",
-        ],
-        "slurmctld": ["slurmctld", "-D", "-i", "-f", str(conf)],
-        "slurmd": ["slurmd", "-D", "-f", str(conf)],
-    }
-    procs = {}
-    for name in DAEMONS:
-        with open(root / "log" / f"{name}.out", "wb") as out:
-            procs[name] = subprocess.Popen(commands[name], env=env, stdout=out, stderr=subprocess.STDOUT)
-        if name == "munged":
-            _wait_for((root / "run" / "munge.socket").exists, procs, 10, "munged socket")
-    return procs
-
-
-def _wait_for(ready, procs: dict[str, subprocess.Popen], timeout: float, what: str) -> None:
+def _wait_for(ready: Callable[[], bool], procs: dict[str, subprocess.Popen], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         dead = [f"{name} exited with {p.returncode}" for name, p in procs.items() if p.poll() is not None]
@@ -160,16 +143,168 @@ def _wait_for(ready, procs: dict[str, subprocess.Popen], timeout: float, what: s
             raise RuntimeError(f"waiting for {what}: " + ", ".join(dead))
         if ready():
             return
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise RuntimeError(f"{what} not ready after {timeout}s")
 
 
-def _stop(procs: dict[str, subprocess.Popen]) -> None:
-    for name in reversed(DAEMONS):
-        proc = procs.get(name)
-        if proc is None or proc.poll() is not None:
-            continue
-        proc.terminate()
+def _holder(flags: list[str], name: str) -> subprocess.Popen:
+    """A `sleep infinity` in new namespaces; returns once unshare has exec'd it (so the namespaces exist)."""
+    proc = subprocess.Popen(["unshare", *flags, "--", "sleep", "infinity"])
+    _wait_for(lambda: os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"), {name: proc}, 10, f"{name} namespaces")
+    return proc
+
+
+def _sh(args: list[str]) -> None:
+    subprocess.run(args, check=True, capture_output=True, text=True, timeout=20)
+
+
+def _hosts_file(name: str) -> str:
+    lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{name}"]  # as Debian's installer writes it
+    lines += [f"{address}\t{host}" for host, address in ADDRESSES.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _make_host(root: Path, name: str, bridge: subprocess.Popen) -> Host:
+    holder = _holder(["--net", "--uts", "--mount", "--propagation", "private"], name)
+    host = Host(name=name, address=ADDRESSES[name], holder=holder, local=root / "hosts" / name)
+    host.local.mkdir(parents=True)
+    (host.local / "hosts").write_text(_hosts_file(name))
+    inside = ["nsenter", f"--target={holder.pid}"]
+    _sh([*inside, "--uts", "hostname", name])
+    for source, target in (
+        (host.local / "hosts", Path("/etc/hosts")),
+        (root / "nsswitch.conf", Path("/etc/nsswitch.conf")),
+        (host.local, root / "local"),
+    ):
+        _sh([*inside, "--mount", "mount", "--bind", str(source), str(target)])
+    veth = f"v-{name}"
+    _sh(
+        [
+            "nsenter",
+            f"--target={bridge.pid}",
+            "--net",
+            "ip",
+            "link",
+            "add",
+            veth,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            str(holder.pid),
+        ]
+    )
+    _sh(["nsenter", f"--target={bridge.pid}", "--net", "ip", "link", "set", veth, "master", "br0", "up"])
+    _sh([*inside, "--net", "ip", "addr", "add", f"{host.address}/24", "dev", "eth0"])
+    _sh([*inside, "--net", "ip", "link", "set", "eth0", "up"])
+    _sh([*inside, "--net", "ip", "link", "set", "lo", "up"])
+    return host
+
+
+def _make_bridge() -> subprocess.Popen:
+    bridge = _holder(["--net"], "bridge")
+    inside = ["nsenter", f"--target={bridge.pid}", "--net", "ip", "link"]
+    _sh([*inside, "add", "br0", "type", "bridge"])
+    _sh([*inside, "set", "br0", "up"])
+    return bridge
+
+
+def _write_config(root: Path) -> Path:
+    local = root / "local"  # each host mounts its own directory here
+    local.mkdir()
+    (root / "nsswitch.conf").write_text("passwd: files\ngroup: files\nshadow: files\nhosts: files\n")
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)  # munged insists: key readable by its owner only, socket directory searchable by everyone
+    root.chmod(0o755)
+    (root / "plugstack.conf").write_text("")  # no SPANK plugins (pyxis), whatever /etc/slurm holds
+    (root / "cgroup.conf").write_text("IgnoreSystemd=yes\n")
+    (root / "gres.conf").write_text(f"NodeName=node[1-2] Name=gpu File={local}/gpu[0-{NODE_GPUS - 1}]\n")
+    nodes = "\n".join(
+        f"NodeName={node} NodeAddr={ADDRESSES[node]} CPUs={NODE_CPUS} Gres=gpu:{NODE_GPUS} State=UNKNOWN"
+        for node in NODES
+    )
+    conf = root / "slurm.conf"
+    conf.write_text(
+        f"""\
+ClusterName=srunshtest
+SlurmctldHost={CONTROLLER}({ADDRESSES[CONTROLLER]})
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={local}/munge.socket,cred_expire=5
+StateSaveLocation={local}/state
+SlurmdSpoolDir={local}/spool
+SlurmctldPidFile={local}/slurmctld.pid
+SlurmdPidFile={local}/slurmd.pid
+SlurmctldLogFile={local}/slurmctld.log
+SlurmdLogFile={local}/slurmd.log
+PlugStackConfig={root}/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+GresTypes=gpu
+SlurmdParameters=config_overrides
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+KillWait=5
+InactiveLimit=0
+MessageTimeout=20
+MinJobAge=2
+SchedulerParameters=bf_interval=1
+{nodes}
+PartitionName=gpu Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
+PartitionName=shared Nodes=node[1-2] MaxTime=INFINITE State=UP
+"""
+    )
+    return conf
+
+
+def _start_daemons(cluster: SlurmCluster) -> None:
+    conf, key = cluster.conf, cluster.root / "munge.key"
+    local = cluster.root / "local"
+    for host in cluster.hosts.values():
+        (host.local / "spool").mkdir()
+        (host.local / "state").mkdir()
+        for gpu in range(NODE_GPUS):
+            os.mknod(host.local / f"gpu{gpu}", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's numbers
+        munged = [
+            "munged",
+            "--foreground",
+            f"--socket={local}/munge.socket",
+            f"--key-file={key}",
+            f"--log-file={local}/munged.log",
+            f"--pid-file={local}/munged.pid",
+            f"--seed-file={local}/munged.seed",
+        ]
+        socket_file = host.local / "munge.socket"
+        name = f"munged@{host.name}"
+        cluster.daemons[name] = _daemon(cluster, munged, host.name)
+        _wait_for(socket_file.exists, cluster.daemons, 10, f"{name} socket")
+    cluster.daemons["slurmctld"] = _daemon(cluster, ["slurmctld", "-D", "-i", "-f", str(conf)], CONTROLLER)
+    for node in NODES:
+        cluster.daemons[f"slurmd@{node}"] = _daemon(cluster, ["slurmd", "-D", "-f", str(conf)], node)
+
+
+def _daemon(cluster: SlurmCluster, args: list[str], host: str) -> subprocess.Popen:
+    """A daemon in the foreground on `host`, its console in that host's <daemon>.out beside its log."""
+    with open(cluster.hosts[host].local / f"{Path(args[0]).name}.out", "wb") as out:
+        return cluster.popen(args, host=host, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -177,36 +312,37 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
             proc.wait(timeout=15)
 
 
-def _probe_mpi(cluster: SlurmCluster) -> tuple[str, str]:
-    """Debian's mpi/pmix plugin loads libpmix.so, which only libpmix-dev installs (slurm-wlm does not pull it in)."""
-    result = cluster.run(["salloc", "--quiet", "-N1", "srun", "--mpi=pmix", "-n1", "true"], timeout=60)
-    cluster.wait_idle()
-    if result.returncode == 0:
-        return "pmix", "srun --mpi=pmix works here"
-    first = (result.stderr.strip().splitlines() or ["no output"])[0]
-    return "pmi2", f"srun --mpi=pmix fails here ({first}); tests use SRUN_MPI=pmi2 (install libpmix-dev for pmix)"
+def job_environment(base: dict[str, str]) -> dict[str, str]:
+    """`base` without the variables of an enclosing SLURM job, which would leak into the test cluster's jobs."""
+    job = ("SLURM_", "SALLOC_", "SBATCH_", "SRUN_")
+    return {k: v for k, v in base.items() if k == "SLURM_CONF" or not k.startswith(job)}
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    node = socket.gethostname().split(".")[0]
     root = Path(tempfile.mkdtemp(prefix="srunsh-slurm-"))
-    conf = _write_config(root, node)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "SRUN_"))}
-    env["SLURM_CONF"] = str(conf)
-    cluster = SlurmCluster(root=root, conf=conf, node=node, env=env, mpi="", mpi_note="")
-    procs: dict[str, subprocess.Popen] = {}
+    env = {**job_environment(dict(os.environ)), "SLURM_CONF": str(root / "slurm.conf")}
+    holders: list[subprocess.Popen] = []
+    cluster = SlurmCluster(root=root, conf=root / "slurm.conf", hosts={}, env=env)
     try:
         try:
-            procs = _start(root, conf, env)
-            _wait_for(lambda: cluster.node_state() == "idle", procs, START_TIMEOUT_S, "SLURM node idle")
+            started = time.monotonic()
+            _write_config(root)
+            bridge = _make_bridge()
+            holders.append(bridge)
+            for name in (CONTROLLER, *NODES):
+                cluster.hosts[name] = _make_host(root, name, bridge)
+                holders.append(cluster.hosts[name].holder)
+            _start_daemons(cluster)
+            idle = ["idle"] * len(NODES)
+            _wait_for(lambda: cluster.node_states() == idle, cluster.daemons, START_TIMEOUT_S, "SLURM nodes idle")
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-            pytest.fail(f"could not start SLURM: {err}\n{cluster.logs()}", pytrace=False)
-        cluster.mpi, cluster.mpi_note = _probe_mpi(cluster)
-        print(f"\n[slurm_cluster] node {node}, {cluster.mpi_note}")
+            detail = getattr(err, "stderr", "") or ""
+            pytest.fail(f"could not start SLURM: {err} {detail}\n{cluster.logs()}", pytrace=False)
+        print(f"\n[slurm_cluster] ctl, node1, node2 up in {time.monotonic() - started:.1f} s")
         yield cluster
     finally:
-        if procs.get("slurmctld") and procs["slurmctld"].poll() is None:
+        if cluster.daemons.get("slurmctld") and cluster.daemons["slurmctld"].poll() is None:
             leftover = cluster.job_ids()
             if leftover:
                 cluster.run(["scancel", "--full", *leftover], timeout=20)
@@ -214,211 +350,12 @@ def slurm_cluster():
                 cluster.wait_idle()
             except AssertionError:
                 pass  # stop the daemons anyway; their logs are in the failure that caused this
-        _stop(procs)
+        _stop(list(reversed(cluster.daemons.values())))
+        for host in cluster.hosts.values():
+            for pid in cluster.processes_on(host.name) if host.holder.poll() is None else []:
+                os.kill(pid, signal.SIGKILL)
+        _stop(holders)
         shutil.rmtree(root, ignore_errors=True)
-
-
-# ---- The world an srun.sh test runs in ----------------------------------------------------------------------------
-
-REPO = Path(__file__).resolve().parent.parent
-SRUN_SH = REPO / "srun.sh"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
-# Arguments no shell may touch on their way from the user's command line to every rank.
-HOSTILE_ARGS = [
-    "train.name=with spaces  and two",
-    "model.note='single quotes'",
-    'model.note="double quotes"',
-    "a=$(touch /tmp/srunsh-pwned)",
-    "b=`id`",
-    "c=x;echo pwned;",
-    "d=*",
-    "e=back\\slash\\n",
-    "f=line1\nline2",
-    "g=ünïcødé→✓ 中文",
-    "profiling.profile_ranks=[0,1]",
-    "h=b=c",
-    "-leading-dash",
-    "--looks-like=an-option",
-    "i=$HOME ${PATH} $1 $@",
-    "j=~/tilde ?[a-z]* {x,y}",
-    "k=tab\there",
-    "l=",
-    " ",
-    "m=%s %q %% \\x41",
-    "n=!bang |pipe &amp <in >out",
-    "",
-]
-
-
-# A one-node allocation for one test command.
-SALLOC = ["salloc", "--quiet", "--nodes=1", "--job-name=srunsh-test"]
-
-
-@dataclasses.dataclass
-class SrunWorld:
-    """A temporary directory holding recipe.py and the records the fake python writes; runs srun.sh there."""
-
-    dir: Path
-    records_dir: Path
-    env: dict[str, str]
-    cluster: SlurmCluster | None = None
-
-    def srun_sh(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60):
-        """Run srun.sh directly (no allocation)."""
-        return subprocess.run(
-            [str(SRUN_SH), *args],
-            cwd=self.dir,
-            env={**self.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    def in_allocation(self, *args: str, env: dict[str, str] | None = None, timeout: float = 90):
-        """Run srun.sh inside a one-node `salloc`; then run one more srun there to learn how many steps srun.sh
-        started (step ids count from 0). Returns (result, steps_started_by_srun_sh)."""
-        assert self.cluster is not None, "this world has no SLURM cluster"
-        step_file = self.dir / "next_step_id"
-        script = (
-            '"$@"; status=$?; srun --quiet --ntasks=1 --mpi=none printenv SLURM_STEP_ID >"$STEP_FILE" 2>/dev/null;'
-            " exit $status"
-        )
-        result = subprocess.run(
-            [
-                *SALLOC,
-                "bash",
-                "-c",
-                script,
-                "bash",
-                str(SRUN_SH),
-                *args,
-            ],
-            cwd=self.dir,
-            env={**self.env, **(env or {}), "STEP_FILE": str(step_file)},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        steps = int(step_file.read_text()) if step_file.exists() and step_file.read_text().strip() else -1
-        return result, steps
-
-    def start_in_allocation(self, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
-        """Start srun.sh inside `salloc` without waiting; returns the salloc process and a file that will hold
-        srun.sh's pid (bash writes it, then execs srun.sh, which execs srun)."""
-        assert self.cluster is not None, "this world has no SLURM cluster"
-        pid_file = self.dir / "srun_sh.pid"
-        proc = subprocess.Popen(
-            [
-                *SALLOC,
-                "bash",
-                "-c",
-                'echo $$ >"$PID_FILE"; exec "$@"',
-                "bash",
-                str(SRUN_SH),
-                *args,
-            ],
-            cwd=self.dir,
-            env={**self.env, **(env or {}), "PID_FILE": str(pid_file)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        return proc, pid_file
-
-    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start srun.sh directly without waiting."""
-        return subprocess.Popen(
-            [str(SRUN_SH), *args],
-            cwd=self.dir,
-            env={**self.env, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    def records(self) -> dict[int, dict]:
-        """What each rank saw, by RANK: argv (bytes, after the python executable), env, pid, host, cwd."""
-        out = {}
-        for path in self.records_dir.glob("rank-*.json"):
-            record = json.loads(path.read_text())
-            record["argv"] = [bytes.fromhex(a) for a in record.pop("argv_hex")]
-            out[int(record["env"]["RANK"])] = record
-        return out
-
-    def nsys_records(self) -> dict[int, dict]:
-        out = {}
-        for path in self.records_dir.glob("nsys-rank*.json"):
-            record = json.loads(path.read_text())
-            record["argv"] = [bytes.fromhex(a).decode() for a in record.pop("argv_hex")]
-            out[int(record["rank"])] = record
-        return out
-
-    def calls(self) -> list[dict]:
-        """Every time the fake python ran, pre-flight checks included."""
-        path = self.records_dir / "calls.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def wait_for_ranks(self, count: int, timeout: float = 30) -> dict[int, dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            records = self.records()
-            if len(records) >= count:
-                return records
-            time.sleep(0.1)
-        raise AssertionError(f"only ranks {sorted(self.records())} started within {timeout}s")
-
-
-def test_env(base: dict[str, str], records_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "SRUN_"))}
-    for name in (
-        "NCCL_DEBUG",
-        "OMP_NUM_THREADS",
-        "NCCL_GIN_TYPE",
-        "DEEP_EP_BACKEND",
-        "CUDA_DEVICE_MAX_CONNECTIONS",
-        "GPUS_PER_NODE",
-        "MASTER_PORT",
-        "MASTER_ADDR",
-        "SQSH",
-        "MOUNT",
-        "PYTHON",
-        "NSYS",
-        "RANK",
-    ):
-        env.pop(name, None)
-    env.update(PYTHON=str(FIXTURES / "fake_python"), FAKE_RECORD_DIR=str(records_dir), CUDA_VISIBLE_DEVICES="0,1,2,3")
-    return env
-
-
-def _world(tmp_path: Path, base_env: dict[str, str], cluster: SlurmCluster | None) -> SrunWorld:
-    records = tmp_path / "records"
-    records.mkdir()
-    (tmp_path / "recipe.py").write_text("def configure():\n    raise AssertionError('the fake python never runs me')\n")
-    env = test_env(base_env, records)
-    if cluster is not None:
-        env["SRUN_MPI"] = cluster.mpi
-    return SrunWorld(dir=tmp_path, records_dir=records, env=env, cluster=cluster)
-
-
-@pytest.fixture
-def srun_world(tmp_path):
-    """A world for srun.sh without SLURM (--local, --dry-run, errors outside an allocation)."""
-    return _world(tmp_path, dict(os.environ), None)
-
-
-@pytest.fixture
-def slurm_world(tmp_path, slurm_cluster):
-    """A world for srun.sh against the session's SLURM; afterwards waits until the node is idle again."""
-    world = _world(tmp_path, slurm_cluster.env, slurm_cluster)
-    world.env["SLURM_CONF"] = str(slurm_cluster.conf)
-    yield world
-    leftover = slurm_cluster.job_ids()
-    if leftover:  # a failed test may leave its job behind: cancel it so the next test finds an idle node
-        slurm_cluster.run(["scancel", "--full", *leftover], timeout=20)
-    slurm_cluster.wait_idle()
 
 
 def pid_gone(pid: int) -> bool:
@@ -428,3 +365,7 @@ def pid_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

@@ -2,6 +2,10 @@
 
 import json
 import os
+import re
+import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,26 +148,27 @@ def test_recipe_preset_name_is_resolved_so_its_fields_can_be_set(output_root: Pa
             ["profiling.use_viztracer=true", "profiling.use_nsys_profiler=true"],
             "profiling.use_nsys_profiler and profiling.use_viztracer are all on: enable one profiler per run",
         ),
+        (["model.params_dtype=bf17"], "model.params_dtype=bf17 has the wrong type: "),
+        (["optimizer.exp_avg_dtype=bf17"], "takes a dtype: 16, 16-mixed, 32, 32-true, bf16, bf16-mixed, bfloat16, "),
         (
             ["use_megatron_fsdp=true", "checkpoint.ckpt_format=torch_dist"],
-            "Megatron FSDP saves and loads only checkpoint.ckpt_format=fsdp_dtensor",
+            "refuses this config for 2 ranks: Megatron-FSDP requires the fsdp_dtensor checkpointing format!",
         ),
-        (["use_megatron_fsdp=true", "dist.use_torch_fsdp2=true"], "Megatron FSDP and torch FSDP2 exclude each other"),
-        (["use_megatron_fsdp=true", "dist.use_tp_pp_dp_mapping=true"], "does not support dist.use_tp_pp_dp_mapping"),
-        (["ddp.use_megatron_fsdp=true"], "dist.use_megatron_fsdp and ddp.use_megatron_fsdp differ"),
+        (["use_megatron_fsdp=true", "dist.use_torch_fsdp2=true"], "use_megatron_fsdp and use_torch_fsdp2 are mutually"),
+        (["use_megatron_fsdp=true", "dist.use_tp_pp_dp_mapping=true"], "use_tp_pp_dp_mapping is not supported with"),
         (
             ["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2"],
-            "model.cpu_offloading needs model.pipeline_model_parallel_size=1",
+            "no support for Pipeline parallelism with CPU offloading",
         ),
         (
             ["model.cpu_offloading=true", "model.recompute_granularity=full"],
-            "model.cpu_offloading excludes activation recompute",
+            "CPU offloading does not work when activation recomputation is enabled",
         ),
     ],
 )
 def test_bad_override_is_refused_with_the_fix(output_root: Path, arguments: list[str], message: str):
     with pytest.raises(UsageError) as raised:
-        resolve(TINY, *arguments)
+        resolve(TINY, "--world-size", "2", *arguments)
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
 
@@ -171,8 +176,8 @@ def test_bad_override_is_refused_with_the_fix(output_root: Path, arguments: list
 @pytest.mark.parametrize(
     ("world_size", "arguments", "message"),
     [
-        (6, ["model.tensor_model_parallel_size=4"], "6 ranks do not divide into TP*PP*CP = 4*1*1"),
-        (4, ["train.global_batch_size=30"], "train.global_batch_size=30 is not a multiple of micro_batch_size"),
+        (6, ["model.tensor_model_parallel_size=4"], "refuses this config for 6 ranks: world size (6) is not divisible"),
+        (4, ["train.global_batch_size=30"], "refuses this config for 4 ranks: eval_global_batch_size (30) must be"),
         (
             2,
             ["profiling.use_nsys_profiler=true", "profiling.profile_ranks=[0,5]"],
@@ -181,16 +186,50 @@ def test_bad_override_is_refused_with_the_fix(output_root: Path, arguments: list
     ],
 )
 def test_rank_arithmetic_is_checked_before_launch(output_root: Path, world_size: int, arguments, message):
-    with pytest.raises(UsageError, match=message.replace("*", r"\*").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(UsageError, match=re.escape(message)):
         resolve(TINY, "--world-size", str(world_size), *arguments)
 
 
 def test_moe_expert_parallel_must_divide_the_ranks(output_root: Path, hf_dir: Callable[[str], Path]):
     recipe = str(REPO / "recipes" / "deepseek_v2_lite_pretrain.py")
-    with pytest.raises(UsageError, match=r"12 ranks do not divide into TP\*PP\*CP = 8\*1\*1"):
+    with pytest.raises(UsageError, match=r"refuses this config for 12 ranks: world size \(12\) is not divisible"):
         resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "--world-size", "12")
+    with pytest.raises(UsageError, match=r"8 ranks do not divide into EP\*ETP\*PP = 3\*1\*1"):
+        resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "model.expert_model_parallel_size=3", "--world-size", "8")
     with pytest.raises(UsageError, match=r"8 ranks do not divide into EP\*ETP\*PP = 2\*8\*1"):
-        resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "--world-size", "8")
+        resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "model.expert_tensor_parallel_size=8", "--world-size", "8")
+
+
+def test_expert_tensor_parallel_is_1_when_unset_with_expert_parallel_as_in_megatron_bridge(
+    output_root: Path, hf_dir: Callable[[str], Path]
+):
+    """Megatron Bridge 0.6.2 sets ETP=1 whenever EP > 1: TP8 EP2 fits 8 ranks, as its own validate() says."""
+    recipe = str(REPO / "recipes" / "deepseek_v2_lite_pretrain.py")
+    cfg = resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "--world-size", "8")
+    assert (cfg.model.tensor_model_parallel_size, cfg.model.expert_model_parallel_size) == (8, 2)
+
+
+def test_megatron_fsdp_switch_of_dist_alone_is_what_megatron_bridge_accepts(output_root: Path):
+    """Upstream turns on ddp.use_megatron_fsdp itself; it only needs the fsdp_dtensor checkpoint format."""
+    cfg = resolve(TINY, "--world-size", "2", "dist.use_megatron_fsdp=true", "checkpoint.ckpt_format=fsdp_dtensor")
+    assert cfg.dist.use_megatron_fsdp is True
+
+
+def test_a_python_without_the_stack_names_the_image_and_the_fix(tmp_path: Path):
+    """The image's python (here: one without Megatron Bridge) fails with one line naming the image."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    result = subprocess.run(
+        [str(bare / "bin" / "python"), str(REPO / "entrypoint.py"), TINY],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "SRUN_SH_IMAGE": "/fsx/images/old.sqsh"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"entrypoint.py: error: {bare}/bin/python cannot import the training stack (ModuleNotFoundError: No module"
+        " named 'megatron'): the image /fsx/images/old.sqsh lacks it: rebuild it with 'make build', or point SQSH at"
+        " an image that has it\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -281,6 +320,41 @@ def test_rank_0_saves_config_and_launch_environment(output_root: Path, monkeypat
     assert record["environment"]["NCCL_DEBUG"] == "WARN"
     assert "HF_TOKEN" not in record["environment"]
     assert record["versions"]["megatron-bridge"] == "0.6.2"
+
+
+def test_launch_record_keeps_only_known_variables_and_no_credentials(
+    output_root: Path, monkeypatch: pytest.MonkeyPatch
+):
+    credentials = {"HF_PASSWD": "hunter2", "HF_CREDENTIALS": "alice:hunter2", "HF_AUTH": "Bearer hunter2"}
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_ENDPOINT", "https://alice:s3cr3t@hub.example.com/mirror?token=t0k3n")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", ["entrypoint.py", TINY, "checkpoint.load=s3://bob:pa55@bucket/ckpt"])
+    run_dir = output_root / "tiny_gpt_pretrain" / "test-run"
+    entrypoint.outputs.save_run_record(resolve(TINY), run_dir)
+    text = (run_dir / "launch.json").read_text()
+    environment = json.loads(text)["environment"]
+    assert not credentials.keys() & environment.keys()
+    assert environment["HF_ENDPOINT"] == "https://REDACTED@hub.example.com/mirror?REDACTED"
+    assert environment["NCCL_DEBUG"] == "INFO"
+    assert environment["HF_HUB_OFFLINE"] == "1"
+    for secret in ("hunter2", "s3cr3t", "t0k3n", "pa55"):
+        assert secret not in text
+
+
+def test_run_record_is_readable_by_its_owner_only(output_root: Path):
+    """Run directories often sit on a file system every user of the cluster mounts."""
+    run_dir = output_root / "tiny_gpt_pretrain" / "test-run"
+    previous = os.umask(0o022)
+    try:
+        entrypoint.outputs.save_run_record(resolve(TINY), run_dir)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    for name in ("config.yaml", "launch.json"):
+        assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o600, name
 
 
 @pytest.mark.parametrize(

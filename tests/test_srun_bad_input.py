@@ -1,14 +1,14 @@
 """Nothing starts wrong: every bad input to srun.sh gives one line on stderr that names the problem and the fix, a
-non-zero exit, and starts nothing (no rank, and inside a real SLURM allocation no job step either)."""
+non-zero exit, and starts nothing (no rank, and inside an allocation of the test SLURM no job step either)."""
 
 import dataclasses
 from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import REPO, SrunWorld
+from tests.srun_world import ALLOCATION, REPO, SrunWorld
 
-pytest_plugins = ["tests.slurm_cluster"]
+pytest_plugins = ["tests.srun_world"]
 
 NOT_IN_ALLOCATION = "srun.sh: not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run\n"
 
@@ -19,13 +19,13 @@ class Case:
     says: list[str]  # fragments of the one stderr line: the problem and the fix
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     in_allocation: bool = False  # run under salloc on the test SLURM, and check that no job step ran
+    salloc: tuple[str, ...] = ()  # run under salloc with these options (implies in_allocation)
     status: int = 2
-    checked: bool = False  # the entrypoint pre-flight ran (and failed or was rejected): no rank did
 
 
 def image_env(world: Path, **extra: str) -> dict[str, str]:
     """A container-mode setup that is valid apart from what `extra` breaks."""
-    return {"SQSH": "image.sqsh", "MOUNT": f"{world}:/workspace/megatron", **extra}
+    return {"SQSH": "image.sqsh", "MOUNT": f"{REPO}:/workspace/megatron,{world}:{world}", **extra}
 
 
 def cases(world: Path) -> dict[str, Case]:
@@ -99,7 +99,7 @@ def cases(world: Path) -> dict[str, Case]:
         ),
         "recipe outside every mount": Case(
             ["--dry-run", "recipe.py"],
-            ["outside every MOUNT source", "add its directory to MOUNT"],
+            ["recipe", "recipe.py is outside every MOUNT source, so the ranks cannot see it", "add its directory"],
             env=image_env(world, MOUNT=f"{REPO}:/workspace/megatron"),
         ),
         "nsys not installed": Case(
@@ -122,46 +122,43 @@ def cases(world: Path) -> dict[str, Case]:
         "master port out of range": Case(
             local, ["MASTER_PORT=70000 is not a port number", "1-65535"], env={"MASTER_PORT": "70000"}
         ),
-        "srun mpi with a space": Case(
-            ["--no-container", "recipe.py"],
-            ["is not an MPI plugin name", "--mpi=list"],
-            env={"SRUN_MPI": "pmix --oops"},
-            in_allocation=True,
-        ),
         "dry run still validates knobs": Case(
             ["--dry-run", "--no-container", "recipe.py"],
             ["GPUS_PER_NODE=x is not a positive integer"],
             env={"GPUS_PER_NODE": "x"},
         ),
-        "pre-flight fails": Case(
-            ["--no-container", "recipe.py", "train.train_iters=abc"],
-            ["entrypoint.py: fake pre-flight failure (status 3)"],
-            env={"FAKE_CHECK_EXIT": "3"},
-            in_allocation=True,
-            status=3,
-            checked=True,
+        "run id with a slash": Case(
+            local, ["RUN_ID=../x is not a run name", "use letters, digits"], env={"RUN_ID": "../x"}
         ),
-        "pre-flight fails, local": Case(
-            [*local, "x=1"],
-            ["fake pre-flight failure (status 4)"],
-            env={"FAKE_CHECK_EXIT": "4"},
-            status=4,
-            checked=True,
+        "checkout outside every mount": Case(
+            ["--dry-run", "recipe.py"],
+            [f"this checkout {REPO} is outside every MOUNT source", "add its directory to MOUNT"],
+            env=image_env(world, MOUNT=f"{world}:/w"),
         ),
-        "pre-flight without profile ranks": Case(
-            local,
-            ["did not end its output with profile_ranks=", "is entrypoint.py from this checkout?"],
-            env={"FAKE_PROFILE_RANKS": "omit"},
-            checked=True,
+        "output root outside every mount": Case(
+            ["--dry-run", "recipe.py"],
+            ["OUTPUT_ROOT /elsewhere/recipe is outside every MOUNT source"],
+            env=image_env(world, OUTPUT_ROOT="/elsewhere"),
         ),
-        "pre-flight with bad profile ranks": Case(
-            local,
-            ["printed profile_ranks=0\\,x", "not profile_ranks=R[,R...]"],
-            env={"FAKE_PROFILE_RANKS": "0,x"},
-            checked=True,
+        "heterogeneous job": Case(
+            ["--no-container", "recipe.py"],
+            ["is heterogeneous (2 components)", "allocate one set of identical nodes"],
+            salloc=("--nodes=1", "--gpus-per-node=4", ":", "--nodes=1", "--gpus-per-node=4"),
+        ),
+        "one cpu for four ranks": Case(
+            ["--no-container", "recipe.py"],
+            ["has 1 CPU(s) on a node for 4 ranks a node", "salloc --exclusive", "--ntasks-per-node=4"],
+            salloc=("--nodes=1", "--partition=shared", "--gpus-per-node=4"),
+        ),
+        "more ranks than allocated gpus": Case(
+            ["--no-container", "recipe.py"],
+            ["GPUS_PER_NODE=4 but job", "has 2 GPU(s) a node", "set GPUS_PER_NODE=2"],
+            env={"GPUS_PER_NODE": "4"},
+            salloc=("--nodes=2", "--gpus-per-node=2"),
         ),
         "internal mode outside a task": Case(
-            ["--rank-exec", "python3"], ["--rank-exec is srun.sh's own mode", "run ./srun.sh RECIPE.py instead"]
+            ["--rank-exec", "python3"],
+            ["--rank-exec is srun.sh's own mode for one rank", "run ./srun.sh RECIPE.py instead"],
         ),
     }
 
@@ -172,13 +169,14 @@ CASE_IDS = list(cases(Path("/")))
 @pytest.mark.parametrize("name", CASE_IDS)
 def test_bad_input_gives_one_line_error_and_starts_nothing(name: str, request: pytest.FixtureRequest):
     case = cases(Path("/"))[name]
-    world: SrunWorld = request.getfixturevalue("slurm_world" if case.in_allocation else "srun_world")
+    in_allocation = case.in_allocation or bool(case.salloc)
+    world: SrunWorld = request.getfixturevalue("slurm_world" if in_allocation else "srun_world")
     case = cases(world.dir)[name]
     (world.dir / "image.sqsh").write_bytes(b"")
     (world.dir / "dangling.py").symlink_to(world.dir / "gone.py")
 
-    if case.in_allocation:
-        result, steps = world.in_allocation(*case.args, env=case.env)
+    if in_allocation:
+        result, steps = world.in_allocation(*case.args, env=case.env, salloc=case.salloc or ALLOCATION)
         assert steps == 0, "srun.sh started a job step"
     else:
         result = world.srun_sh(*case.args, env=case.env)
@@ -189,8 +187,7 @@ def test_bad_input_gives_one_line_error_and_starts_nothing(name: str, request: p
         assert fragment in result.stderr
     assert result.stdout == ""
     assert world.records() == {}
-    assert all(call["check"] for call in world.calls())
-    assert bool(world.calls()) == case.checked
+    assert world.calls() == []
 
 
 def test_table_has_at_least_thirty_cases():

@@ -5,9 +5,9 @@
 import subprocess
 from pathlib import Path
 
-from tests.slurm_cluster import HOSTILE_ARGS, REPO, SrunWorld
+from tests.srun_world import HOSTILE_ARGS, REPO, SrunWorld
 
-pytest_plugins = ["tests.slurm_cluster"]
+pytest_plugins = ["tests.srun_world"]
 
 EXPECTED_ARGS = [arg.encode() for arg in HOSTILE_ARGS]
 
@@ -27,8 +27,8 @@ def test_dry_run_local_prints_rank_commands_that_run_unchanged_when_pasted(srun_
     result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", *HOSTILE_ARGS, env={"GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
-    assert srun_world.records() == {}
-    assert all(call["check"] for call in srun_world.calls())  # the pre-flight ran, no rank did
+    assert srun_world.calls() == []
+    assert srun_world.run_dirs() == []
     exports = lines_starting(result.stdout, "export ")
     rank_lines = lines_starting(result.stdout, "env RANK=")
     assert len(rank_lines) == 2
@@ -45,39 +45,46 @@ def test_dry_run_local_prints_rank_commands_that_run_unchanged_when_pasted(srun_
         assert record["env"]["NCCL_DEBUG"] == "WARN"
 
 
-def test_dry_run_with_container_outside_an_allocation_prints_the_pyxis_srun_line(srun_world: SrunWorld, tmp_path: Path):
+def test_dry_run_with_container_runs_the_checkouts_code_through_mount_in_an_unnamed_container(
+    srun_world: SrunWorld, tmp_path: Path
+):
+    """A checkout on a shared file system mounted at the same path: the ranks run its code, not the image's copy."""
     image = tmp_path / "image.sqsh"
     image.write_bytes(b"")
+    shared = REPO.parent  # stands in for /fsx
     env = {
         "SQSH": str(image),
-        "MOUNT": f"{srun_world.dir}:/workspace/megatron",
+        "MOUNT": f"{shared}:/fsx,{srun_world.dir}:/work",
         "GPUS_PER_NODE": "8",
         "PYTHON": "python3",
     }
     result = srun_world.srun_sh("--dry-run", "recipe.py", *HOSTILE_ARGS, env=env)
 
     assert result.returncode == 0, result.stderr
-    assert srun_world.calls() == []  # the pre-flight needs the image: not run on this host
+    assert srun_world.calls() == []
+    assert "nsys" not in result.stdout.replace("export NSYS=nsys", "")
     (srun_line,) = lines_starting(result.stdout, "srun ")
     words = bash_words(srun_line)
+    code = f"/fsx/{REPO.name}".encode()
     assert words[: words.index(b"--rank-exec")] == [
         b"srun",
         b"--nodes=1",
+        b"--ntasks=8",
         b"--ntasks-per-node=8",
-        b"--mpi=pmix",
+        b"--distribution=block",
+        b"--mpi=none",
         b"--kill-on-bad-exit=1",
-        b"--label",
-        b"--quit-on-interrupt",
+        words[7],
         b"--container-image=" + bytes(image),
         b"--container-mounts=" + env["MOUNT"].encode(),
-        b"--container-workdir=/workspace/megatron",
-        b"--container-name=megatron-JOBID",
-        b"/workspace/megatron/srun.sh",
+        b"--container-workdir=/work",
+        code + b"/srun.sh",
     ]
-    command = [b"python3", b"/workspace/megatron/entrypoint.py", b"/workspace/megatron/recipe.py", *EXPECTED_ARGS]
+    assert words[7].startswith(b"--job-name=srunsh-JOBID-")
+    assert not any(word.startswith(b"--container-name") for word in words)
+    command = [b"python3", code + b"/entrypoint.py", b"/work/recipe.py", *EXPECTED_ARGS]
     assert words[words.index(b"--rank-exec") + 1 :] == command
-    (rank_line,) = lines_starting(result.stdout, "env RANK=")
-    assert bash_words(rank_line)[-len(command) :] == command
+    assert "export RUN_DIR=/work/outputs/recipe/JOBID-" in result.stdout
 
 
 def test_dry_run_srun_extra_args_are_split_on_whitespace_and_added(srun_world: SrunWorld):
@@ -87,7 +94,7 @@ def test_dry_run_srun_extra_args_are_split_on_whitespace_and_added(srun_world: S
     assert result.returncode == 0, result.stderr
     (srun_line,) = lines_starting(result.stdout, "srun ")
     words = bash_words(srun_line)
-    assert words[words.index(b"--quit-on-interrupt") + 1 : words.index(bytes(REPO / "srun.sh"))] == [
+    assert words[words.index(b"--kill-on-bad-exit=1") + 2 : words.index(bytes(REPO / "srun.sh"))] == [
         b"--exclusive",
         b"--time=2:00:00",
     ]

@@ -1,43 +1,36 @@
-"""srun.sh --local: GPUS_PER_NODE ranks on this host with SLURM's rank environment, no SLURM involved.
+"""srun.sh --local: GPUS_PER_NODE ranks on this host with the rank environment SLURM would give, no SLURM involved.
 
 CUDA_VISIBLE_DEVICES stands in for the GPUs, and tests/fixtures/fake_python for python."""
 
 import os
 import re
 import signal
-import time
 
 import pytest
 
-from tests.slurm_cluster import HOSTILE_ARGS, REPO, SrunWorld, pid_gone
+from tests.srun_world import HOSTILE_ARGS, REPO, SrunWorld, wait_gone
 
-pytest_plugins = ["tests.slurm_cluster"]
-
-
-def wait_gone(pids: list[int], timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(pid_gone(pid) for pid in pids):
-            return True
-        time.sleep(0.1)
-    return False
+pytest_plugins = ["tests.srun_world"]
 
 
-def test_local_ranks_get_rank_variables_and_a_loopback_master(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "4"})
+def test_local_ranks_get_rank_variables_a_loopback_master_and_a_run_of_their_own(srun_world: SrunWorld):
+    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "4", "FAKE_RENDEZVOUS": "1"})
 
     assert result.returncode == 0, result.stderr
     records = srun_world.records()
     assert sorted(records) == [0, 1, 2, 3]
-    run_ids = {record["env"]["RUN_ID"] for record in records.values()}
-    assert len(run_ids) == 1
-    assert re.fullmatch(r"local-\d{8}-\d{6}-\d+", run_ids.pop())
+    (run_dir,) = srun_world.run_dirs()
+    assert re.fullmatch(r"local-\d{8}-\d{6}-\d+", run_dir.name)
+    ports = {record["env"]["MASTER_PORT"] for record in records.values()}
+    assert len(ports) == 1 and 20000 <= int(ports.pop()) < 32768
     for rank, record in records.items():
         env = record["env"]
         assert (env["RANK"], env["LOCAL_RANK"]) == (str(rank), str(rank))
         assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("4", "4")
-        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29500")
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert (env["RUN_ID"], env["RUN_DIR"]) == (run_dir.name, str(run_dir))
         assert record["argv"] == [str(REPO / "entrypoint.py").encode(), b"recipe.py"]
+        assert record["rendezvous"] == {"rank": rank, "world_size": 4, "sum": 10}
 
 
 def test_override_with_spaces_quotes_and_newlines_reaches_every_local_rank_unchanged(srun_world: SrunWorld):
@@ -58,11 +51,15 @@ def test_local_rank_count_defaults_to_the_visible_gpus(srun_world: SrunWorld):
     assert sorted(srun_world.records()) == [0, 1, 2]
 
 
-def test_local_output_is_labelled_with_the_rank_like_srun(srun_world: SrunWorld):
+def test_each_rank_has_a_log_of_its_own_and_labelled_console_lines(srun_world: SrunWorld):
     result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
     assert {"0: rank 0 started", "1: rank 1 started"} <= set(result.stdout.splitlines())
+    (run_dir,) = srun_world.run_dirs()
+    for rank in (0, 1):
+        assert (run_dir / "logs" / f"rank-{rank}.log").read_text() == f"rank {rank} started\n"
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
 
 
 def test_network_defaults_reach_ranks_but_user_values_win_and_cuda_connections_stay_unset(srun_world: SrunWorld):
@@ -85,32 +82,61 @@ def test_network_defaults_reach_ranks_but_user_values_win_and_cuda_connections_s
         "NCCL_P2P_NET_CHUNKSIZE",
         "TORCH_DISTRIBUTED_BACKEND",
         "CUDA_DEVICE_MAX_CONNECTIONS",
+        "GLOO_SOCKET_IFNAME",
     ):
         assert obsolete not in rank_env
 
 
-def test_master_port_knob_reaches_local_ranks(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1", "MASTER_PORT": "31337"})
+def test_master_port_and_run_id_knobs_reach_local_ranks(srun_world: SrunWorld):
+    env = {"GPUS_PER_NODE": "1", "MASTER_PORT": "31337", "RUN_ID": "my-run.1"}
+    result = srun_world.srun_sh("--local", "recipe.py", env=env)
 
     assert result.returncode == 0, result.stderr
-    assert srun_world.records()[0]["env"]["MASTER_PORT"] == "31337"
+    rank_env = srun_world.records()[0]["env"]
+    assert (rank_env["MASTER_PORT"], rank_env["RUN_ID"]) == ("31337", "my-run.1")
+    assert rank_env["RUN_DIR"] == str(srun_world.dir / "outputs" / "recipe" / "my-run.1")
+    assert "new run my-run.1" in result.stderr
 
 
-def test_failing_local_rank_stops_the_others_and_srun_sh_exits_nonzero(srun_world: SrunWorld):
+def test_an_earlier_run_id_resumes_that_run(srun_world: SrunWorld):
+    first = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1"})
+    assert first.returncode == 0, first.stderr
+    (run_dir,) = srun_world.run_dirs()
+
+    again = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1", "RUN_ID": run_dir.name})
+
+    assert again.returncode == 0, again.stderr
+    assert f"resuming run {run_dir.name}" in again.stderr
+    assert srun_world.run_dirs() == [run_dir]
+    assert (run_dir / "logs" / "rank-0.log").read_text() == "rank 0 started\n" * 2
+
+
+def test_two_local_launches_are_two_runs_with_two_ports(srun_world: SrunWorld):
+    first = srun_world.start("--local", "recipe.py", env={"GPUS_PER_NODE": "1", "FAKE_SLEEP": "3"})
+    second = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1"})
+    first.communicate(timeout=60)
+
+    assert (first.returncode, second.returncode) == (0, 0), second.stderr
+    assert len(srun_world.run_dirs()) == 2
+    assert len({call["run_id"] for call in srun_world.calls()}) == 2
+
+
+def test_failing_local_rank_stops_the_others_and_srun_sh_exits_with_its_status(srun_world: SrunWorld):
     env = {"GPUS_PER_NODE": "4", "FAKE_FAIL_RANK": "2", "FAKE_FAIL_EXIT": "7", "FAKE_SLEEP": "300"}
-    started = time.monotonic()
     result = srun_world.srun_sh("--local", "recipe.py", env=env, timeout=90)
 
-    assert time.monotonic() - started < 60
     assert result.returncode == 7
-    assert "rank 2 exited with status 7" in result.stderr
+    host = os.uname().nodename
+    assert f"srun.sh: rank 2 on {host} failed first, with exit status 7; the end of" in result.stderr
+    assert "    rank 2 fails now" in result.stderr.splitlines()
     records = srun_world.records()
     assert sorted(records) == [0, 1, 2, 3]
     assert wait_gone([record["pid"] for record in records.values()], timeout=1)
+    assert srun_world.signals_seen() == {0: ["SIGTERM"], 1: ["SIGTERM"], 3: ["SIGTERM"]}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_to_local_srun_sh_stops_every_rank(srun_world: SrunWorld, sig: signal.Signals):
+def test_signal_to_local_srun_sh_gives_every_rank_sigterm(srun_world: SrunWorld, sig: signal.Signals):
     proc = srun_world.start("--local", "recipe.py", env={"GPUS_PER_NODE": "4", "FAKE_SLEEP": "300"})
     try:
         records = srun_world.wait_for_ranks(4)
@@ -123,3 +149,4 @@ def test_signal_to_local_srun_sh_stops_every_rank(srun_world: SrunWorld, sig: si
 
     assert proc.returncode == 128 + sig
     assert wait_gone([record["pid"] for record in records.values()], timeout=1)
+    assert srun_world.signals_seen() == {rank: ["SIGTERM"] for rank in range(4)}

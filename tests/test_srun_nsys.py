@@ -1,82 +1,115 @@
-"""srun.sh --nsys: exactly the ranks the pre-flight names (profile_ranks=) run under nsys, one report per job, host
-and rank, and Megatron Bridge's own nsys switch is turned on unless the user set it. tests/fixtures/fake_nsys stands
-in for nsys: it records its arguments and runs the rank command."""
+"""--nsys: srun.sh turns Megatron Bridge's nsys switch on and tells the ranks; each rank that profiling.profile_ranks
+names runs itself again under nsys once its config is resolved (launcher/nsys.py), with one report per run, host
+and rank in RUN_DIR/nsys/."""
 
+import json
+import os
 import socket
+import sys
+from pathlib import Path
 
-from tests.slurm_cluster import FIXTURES, SrunWorld
+import pytest
 
-pytest_plugins = ["tests.slurm_cluster"]
+from launcher import nsys
+from tests.conftest import REPO
+from tests.srun_world import FIXTURES, SrunWorld
 
-NSYS_FLAGS = [
-    "profile",
-    "-t",
-    "cuda,nvtx",
-    "-s",
-    "none",
-    "--cpuctxsw=none",
-    "--capture-range=cudaProfilerApi",
-    "--capture-range-end=stop",
-    "--enable",
-    "efa_metrics",
-    "--force-overwrite=true",
-    "-o",
-]
+pytest_plugins = ["tests.srun_world"]
+
+TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
 
 
-def nsys_env(**extra: str) -> dict[str, str]:
-    return {"NSYS": str(FIXTURES / "fake_nsys"), **extra}
-
-
-def test_local_nsys_wraps_exactly_the_profile_ranks(srun_world: SrunWorld):
-    env = nsys_env(GPUS_PER_NODE="3", FAKE_PROFILE_RANKS="0,2")
-    result = srun_world.srun_sh("--nsys", "--local", "recipe.py", "a=1", env=env)
-
-    assert result.returncode == 0, result.stderr
-    assert sorted(srun_world.records()) == [0, 1, 2]
-    nsys = srun_world.nsys_records()
-    assert sorted(nsys) == [0, 2]
-    run_id = srun_world.records()[0]["env"]["RUN_ID"]
-    host = socket.gethostname().split(".")[0]
-    for rank, record in nsys.items():
-        output = f"nsys-megatron/{run_id}/profile-{host}-rank{rank}"
-        assert record["argv"][: len(NSYS_FLAGS) + 1] == [*NSYS_FLAGS, output]
-        command = record["argv"][len(NSYS_FLAGS) + 1 :]
-        assert command[0] == str(FIXTURES / "fake_python")
-        assert command[2:] == ["recipe.py", "a=1", "profiling.use_nsys_profiler=true"]
-
-
-def test_nsys_switch_is_appended_once_and_never_over_a_user_value(srun_world: SrunWorld):
-    env = nsys_env(GPUS_PER_NODE="1")
-    appended = srun_world.srun_sh("--nsys", "--local", "recipe.py", env=env)
+def test_nsys_option_tells_the_ranks_and_appends_the_switch_once_never_over_a_user_value(srun_world: SrunWorld):
+    appended = srun_world.srun_sh("--nsys", "--local", "recipe.py", env={"GPUS_PER_NODE": "1", "NSYS": "true"})
     assert appended.returncode == 0, appended.stderr
-    assert srun_world.records()[0]["argv"][1:] == [b"recipe.py", b"profiling.use_nsys_profiler=true"]
-    check = next(call for call in srun_world.calls() if call["check"])
-    assert bytes.fromhex(check["argv_hex"][-1]) == b"profiling.use_nsys_profiler=true"
+    record = srun_world.records()[0]
+    assert record["argv"][1:] == [b"recipe.py", b"profiling.use_nsys_profiler=true"]
+    assert record["env"]["SRUN_SH_NSYS"] == "1"
 
-    user_set = srun_world.srun_sh("--nsys", "--local", "recipe.py", "profiling.use_nsys_profiler=false", env=env)
+    user_set = srun_world.srun_sh(
+        "--nsys",
+        "--local",
+        "recipe.py",
+        "profiling.use_nsys_profiler=false",
+        env={"GPUS_PER_NODE": "1", "NSYS": "true"},
+    )
     assert user_set.returncode == 0, user_set.stderr
     assert srun_world.records()[0]["argv"][1:] == [b"recipe.py", b"profiling.use_nsys_profiler=false"]
 
 
-def test_without_nsys_option_no_rank_is_wrapped(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", "recipe.py", env=nsys_env(GPUS_PER_NODE="2", FAKE_PROFILE_RANKS="0,1"))
+def test_without_nsys_option_the_ranks_are_not_told_to_profile(srun_world: SrunWorld):
+    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
-    assert srun_world.nsys_records() == {}
-    assert all(b"profiling.use_nsys_profiler=true" not in r["argv"] for r in srun_world.records().values())
+    for record in srun_world.records().values():
+        assert record["env"]["SRUN_SH_NSYS"] == "0"
+        assert b"profiling.use_nsys_profiler=true" not in record["argv"]
 
 
-def test_slurm_nsys_wraps_the_profile_ranks_with_job_host_and_rank_in_the_report_path(slurm_world: SrunWorld):
-    env = nsys_env(GPUS_PER_NODE="4", FAKE_PROFILE_RANKS="1,3", NSYS_OUTPUT_DIR="profiles")
-    result, steps = slurm_world.in_allocation("--nsys", "--no-container", "recipe.py", env=env)
+@pytest.fixture
+def tiny_config(output_root: Path):
+    import entrypoint
 
-    assert result.returncode == 0, result.stderr
-    assert steps == 1
-    assert sorted(slurm_world.records()) == [0, 1, 2, 3]
-    nsys = slurm_world.nsys_records()
-    assert sorted(nsys) == [1, 3]
-    job_id = slurm_world.records()[0]["env"]["SLURM_JOB_ID"]
-    for rank, record in nsys.items():
-        assert record["argv"][len(NSYS_FLAGS)] == f"profiles/{job_id}/profile-{slurm_world.cluster.node}-rank{rank}"
-        assert (slurm_world.dir / "profiles" / job_id).is_dir()
+    cfg, _ = entrypoint.resolve(
+        entrypoint.parse_args([TINY, "profiling.use_nsys_profiler=true", "profiling.profile_ranks=[1,3]"])
+    )
+    return cfg
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_exactly_the_profile_ranks_run_under_nsys(tiny_config, rank: int, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SRUN_SH_NSYS", "1")
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RUN_DIR", "/runs/r1")
+    monkeypatch.setenv("NSYS", "/opt/nsys/bin/nsys")
+    monkeypatch.delenv(nsys.UNDER_NSYS, raising=False)
+
+    command = nsys.profile_command(tiny_config, ["entrypoint.py", "recipe.py", "a=1"])
+
+    if rank not in (1, 3):
+        assert command is None
+        return
+    host = socket.gethostname().split(".")[0]
+    assert command == [
+        "/opt/nsys/bin/nsys",
+        *nsys.PROFILE_ARGS,
+        "-o",
+        f"/runs/r1/nsys/profile-{host}-rank{rank}",
+        sys.executable,
+        "entrypoint.py",
+        "recipe.py",
+        "a=1",
+    ]
+    monkeypatch.setenv(nsys.UNDER_NSYS, "1")
+    assert nsys.profile_command(tiny_config, ["entrypoint.py"]) is None
+    monkeypatch.setenv("SRUN_SH_NSYS", "0")
+    monkeypatch.delenv(nsys.UNDER_NSYS)
+    assert nsys.profile_command(tiny_config, ["entrypoint.py"]) is None
+
+
+def test_real_entrypoint_ranks_start_nsys_on_themselves_through_srun_sh(srun_world: SrunWorld):
+    env = {"PYTHON": sys.executable, "NSYS": str(FIXTURES / "fake_nsys"), "GPUS_PER_NODE": "2", "HF_HUB_OFFLINE": "1"}
+    result = srun_world.srun_sh(
+        "--nsys", "--local", TINY, "profiling.profile_ranks=[]", "train.train_iters=20", env=env, timeout=300
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (srun_world.dir / "outputs" / "tiny_gpt_pretrain").iterdir()
+    host = socket.gethostname().split(".")[0]
+    for rank in (0, 1):
+        record = json.loads((srun_world.records_dir / f"nsys-rank{rank}.json").read_text())
+        argv = [bytes.fromhex(a).decode() for a in record["argv_hex"]]
+        assert argv[: len(nsys.PROFILE_ARGS)] == list(nsys.PROFILE_ARGS)
+        assert argv[len(nsys.PROFILE_ARGS) :] == [
+            "-o",
+            f"{run_dir}/nsys/profile-{host}-rank{rank}",
+            sys.executable,
+            str(REPO / "entrypoint.py"),
+            TINY,
+            "profiling.profile_ranks=[]",
+            "train.train_iters=20",
+            "profiling.use_nsys_profiler=true",
+        ]
+    assert (run_dir / "nsys").is_dir()
+    assert os.stat(run_dir).st_mode & 0o777 == 0o700

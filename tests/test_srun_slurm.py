@@ -1,107 +1,233 @@
-"""srun.sh against a real SLURM (started by the slurm_cluster fixture), run as a user would: salloc, then srun.sh."""
+"""srun.sh on the two-node test SLURM, run as a user would: `salloc` or `sbatch` on the login node, then srun.sh.
+
+tests/fixtures/fake_python stands in for each rank; with FAKE_RENDEZVOUS=1 the ranks join torch.distributed (gloo)
+from the environment srun.sh gives them and all-reduce RANK+1, so a wrong rank count, master address or port fails
+the rendezvous instead of passing unnoticed.
+"""
 
 import os
 import signal
-import subprocess
 import time
 
 import pytest
 
-from tests.slurm_cluster import HOSTILE_ARGS, SrunWorld, pid_gone
+from tests.slurm_cluster import ADDRESSES, NODES
+from tests.srun_world import ALLOCATION, HOSTILE_ARGS, REPO, SrunWorld, wait_gone
 
-pytest_plugins = ["tests.slurm_cluster"]
+pytest_plugins = ["tests.srun_world"]
 
-TASKS = 4
-
-
-def getent_ipv4(host: str) -> str:
-    out = subprocess.run(["getent", "ahostsv4", host], capture_output=True, text=True, check=True).stdout
-    return out.split()[0]
+RENDEZVOUS = {"FAKE_RENDEZVOUS": "1"}
 
 
-def test_every_task_gets_rank_variables_and_the_master_ip_from_slurm(slurm_world: SrunWorld):
-    result, steps = slurm_world.in_allocation("--no-container", "recipe.py", env={"GPUS_PER_NODE": str(TASKS)})
+def ranks_by_host(records: dict[int, dict]) -> dict[str, list[int]]:
+    hosts: dict[str, list[int]] = {}
+    for rank, record in sorted(records.items()):
+        hosts.setdefault(record["host"], []).append(rank)
+    return hosts
 
-    assert result.returncode == 0, result.stderr
-    assert steps == 1  # exactly one job step: the launch (the pre-flight ran on this host)
-    records = slurm_world.records()
-    assert sorted(records) == list(range(TASKS))
-    job_id = records[0]["env"]["SLURM_JOB_ID"]
-    master = getent_ipv4(slurm_world.cluster.node)
+
+def assert_one_job_of(records: dict[int, dict], nodes: list[str], per_node: int) -> None:
+    """Ranks 0..N-1 in blocks per node, a consistent rank environment, and a rendezvous that summed every rank."""
+    world = len(nodes) * per_node
+    assert sorted(records) == list(range(world))
+    assert ranks_by_host(records) == {
+        node: list(range(i * per_node, (i + 1) * per_node)) for i, node in enumerate(nodes)
+    }
+    run_ids = {r["env"]["RUN_ID"] for r in records.values()}
+    ports = {r["env"]["MASTER_PORT"] for r in records.values()}
+    assert len(run_ids) == 1 and len(ports) == 1
     for rank, record in records.items():
         env = record["env"]
-        assert env["RANK"] == env["SLURM_PROCID"] == str(rank)
-        assert env["LOCAL_RANK"] == env["SLURM_LOCALID"] == str(rank)
-        assert env["WORLD_SIZE"] == env["SLURM_NTASKS"] == str(TASKS)
-        assert env["LOCAL_WORLD_SIZE"] == str(TASKS)
-        assert env["MASTER_ADDR"] == master
-        assert env["MASTER_PORT"] == str(20000 + int(job_id) % 20000)
-        assert env["RUN_ID"] == job_id
-        assert env["TRITON_CACHE_DIR"] == f"/tmp/triton_cache_{rank}"
-        assert (env["NCCL_DEBUG"], env["OMP_NUM_THREADS"], env["NCCL_GIN_TYPE"]) == ("WARN", "1", "2")
-        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env
-        assert record["cwd"] == str(slurm_world.dir)
-    assert {f"{rank}: rank {rank} started" for rank in range(TASKS)} <= set(result.stdout.splitlines())
+        assert (env["RANK"], env["LOCAL_RANK"]) == (str(rank), str(rank % per_node))
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (str(world), str(per_node))
+        assert env["MASTER_ADDR"] == ADDRESSES[nodes[0]]
+        if "rendezvous" in record:
+            assert record["rendezvous"] == {"rank": rank, "world_size": world, "sum": world * (world + 1) // 2}
 
 
-def test_hostile_overrides_reach_every_slurm_task_byte_for_byte(slurm_world: SrunWorld):
+def test_two_nodes_rendezvous_with_ranks_per_node_from_the_gpus_allocated(slurm_world: SrunWorld):
+    result, steps = slurm_world.in_allocation(
+        "--no-container", "recipe.py", salloc=("--nodes=2", "--gpus-per-node=3"), env=RENDEZVOUS
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert steps == 1
+    records = slurm_world.records()
+    assert_one_job_of(records, list(NODES), per_node=3)
+    assert all("rendezvous" in r for r in records.values())
+    run_id = records[0]["env"]["RUN_ID"]
+    assert run_id.startswith(records[0]["env"]["SLURM_JOB_ID"] + "-")
+    assert records[0]["env"]["RUN_DIR"] == str(slurm_world.dir / "outputs" / "recipe" / run_id)
+    for rank in records:
+        log = slurm_world.dir / "outputs" / "recipe" / run_id / "logs" / f"rank-{rank}.log"
+        assert log.read_text() == f"rank {rank} started\n"
+        assert f"{rank}: rank {rank} started" in result.stdout.splitlines()
+
+
+def test_sbatch_on_two_nodes_uses_the_first_nodes_address_not_its_loopback_name(slurm_world: SrunWorld):
+    """Under sbatch srun.sh runs on node1, whose own name resolves to 127.0.1.1 there (Debian's /etc/hosts)."""
+    resolved_on_node1 = slurm_world.cluster.run(["getent", "ahostsv4", "node1"], host="node1").stdout.split()[0]
+    assert resolved_on_node1 == "127.0.1.1"
+    script = slurm_world.dir / "job.sh"
+    script.write_text(f"#!/bin/bash\nGPUS_PER_NODE=2 exec {REPO}/srun.sh --no-container recipe.py\n")
+    result = slurm_world.on_login_node(
+        ["sbatch", "--wait", *ALLOCATION, "--output=job.out", str(script)], env=RENDEZVOUS, timeout=120
+    )
+
+    assert result.returncode == 0, (slurm_world.dir / "job.out").read_text()
+    assert_one_job_of(slurm_world.records(), list(NODES), per_node=2)
+
+
+def test_hostile_overrides_reach_every_rank_of_both_nodes_byte_for_byte(slurm_world: SrunWorld):
     result, _ = slurm_world.in_allocation("--no-container", "recipe.py", *HOSTILE_ARGS, env={"GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
     expected = [b"recipe.py", *(arg.encode() for arg in HOSTILE_ARGS)]
     records = slurm_world.records()
-    assert sorted(records) == [0, 1]
+    assert ranks_by_host(records) == {"node1": [0, 1], "node2": [2, 3]}
     for record in records.values():
-        assert record["argv"][0].endswith(b"/entrypoint.py")
+        assert record["argv"][0] == str(REPO / "entrypoint.py").encode()
         assert record["argv"][1:] == expected
-    check = next(call for call in slurm_world.calls() if call["check"])
-    assert [bytes.fromhex(a) for a in check["argv_hex"]][4:] == expected  # after entrypoint --check --world-size 2
+    assert not os.path.exists("/tmp/srunsh-pwned")
 
 
-def test_failing_task_ends_the_step_and_srun_sh_exits_nonzero_within_60s(slurm_world: SrunWorld):
-    env = {"GPUS_PER_NODE": str(TASKS), "FAKE_FAIL_RANK": "1", "FAKE_FAIL_EXIT": "7", "FAKE_SLEEP": "300"}
+@pytest.mark.parametrize(
+    "allocation",
+    [
+        ("--nodes=1", "--ntasks=1", "--gpus-per-node=4"),
+        ("--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=4"),
+        ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=4"),
+    ],
+    ids=["-n1", "--ntasks-per-node=2", "two nodes, --ntasks-per-node=1"],
+)
+def test_task_count_of_the_allocation_does_not_shrink_the_job(slurm_world: SrunWorld, allocation: tuple[str, ...]):
+    result, _ = slurm_world.in_allocation(
+        "--no-container", "recipe.py", salloc=allocation, env={"GPUS_PER_NODE": "4", **RENDEZVOUS}
+    )
+
+    assert result.returncode == 0, result.stderr
+    nodes = int(allocation[0].split("=")[1])
+    assert_one_job_of(slurm_world.records(), list(NODES[:nodes]), per_node=4)
+
+
+def test_sbatch_with_a_torchrun_style_header_starts_every_rank(slurm_world: SrunWorld):
+    script = slurm_world.dir / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\n"
+        f"GPUS_PER_NODE=3 exec {REPO}/srun.sh --no-container recipe.py\n"
+    )
+    result = slurm_world.on_login_node(["sbatch", "--wait", "--output=job.out", str(script)], env=RENDEZVOUS)
+
+    assert result.returncode == 0, (slurm_world.dir / "job.out").read_text()
+    assert_one_job_of(slurm_world.records(), list(NODES), per_node=3)
+
+
+def test_launch_from_inside_a_job_step_starts_the_whole_job(slurm_world: SrunWorld):
+    result, _ = slurm_world.in_allocation(
+        "--no-container",
+        "recipe.py",
+        command=("srun", "--nodes=1", "--ntasks=1"),
+        env={"GPUS_PER_NODE": "2", **RENDEZVOUS},
+        timeout=120,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert_one_job_of(slurm_world.records(), list(NODES), per_node=2)
+
+
+def test_two_launches_in_one_allocation_are_two_runs(slurm_world: SrunWorld):
+    script = slurm_world.dir / "twice.sh"
+    script.write_text(
+        f"#!/bin/bash\nset -e\n{REPO}/srun.sh --no-container recipe.py first=1\n"
+        f"{REPO}/srun.sh --no-container recipe.py second=2\n"
+    )
+    script.chmod(0o755)
+    result = slurm_world.on_login_node(["salloc", "--quiet", "--nodes=1", "--gpus-per-node=1", str(script)])
+
+    assert result.returncode == 0, result.stderr
+    calls = slurm_world.calls()[-2:]
+    assert [bytes.fromhex(c["argv_hex"][-1]) for c in calls] == [b"first=1", b"second=2"]
+    run_ids = [c["run_id"] for c in calls]
+    assert run_ids[0] != run_ids[1]
+    run_dirs = slurm_world.run_dirs()
+    assert [d.name for d in run_dirs if d.name in run_ids] == sorted(run_ids)
+    ports = {line for line in result.stderr.splitlines() if "master " in line}
+    assert len(ports) == 2
+
+
+def test_rank_failing_on_node2_stops_both_nodes_and_srun_sh_exits_with_its_status(slurm_world: SrunWorld):
+    env = {"GPUS_PER_NODE": "2", "FAKE_FAIL_RANK": "3", "FAKE_FAIL_EXIT": "3", "FAKE_SLEEP": "300"}
     started = time.monotonic()
-    result, steps = slurm_world.in_allocation("--no-container", "recipe.py", env=env, timeout=120)
+    result, steps = slurm_world.in_allocation("--no-container", "recipe.py", env=env)
 
     assert time.monotonic() - started < 60
-    assert result.returncode != 0
+    assert result.returncode == 3, result.stderr
     assert steps == 1
     records = slurm_world.records()
-    assert sorted(records) == list(range(TASKS))
-    assert all(pid_gone(record["pid"]) for record in records.values())
+    assert ranks_by_host(records) == {"node1": [0, 1], "node2": [2, 3]}
+    assert all(pid_gone_eventually(r["pid"]) for r in records.values())
+    report = [line for line in result.stderr.splitlines() if line.startswith("srun.sh: rank")]
+    assert report == [
+        f"srun.sh: rank 3 on node2 failed first, with exit status 3; the end of"
+        f" {slurm_world.run_dirs()[0]}/logs/rank-3.log:"
+    ]
+    assert "    rank 3 fails now" in result.stderr.splitlines()
+    assert not [line for line in result.stderr.splitlines() if "Exited with exit code" in line]
+    assert slurm_world.signals_seen() == {0: ["SIGTERM"], 1: ["SIGTERM"], 2: ["SIGTERM"]}
+
+
+def pid_gone_eventually(pid: int) -> bool:
+    return wait_gone([pid], timeout=10)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_to_srun_sh_stops_every_slurm_task(slurm_world: SrunWorld, sig: signal.Signals):
+def test_signal_to_srun_sh_gives_every_rank_on_both_nodes_sigterm(slurm_world: SrunWorld, sig: signal.Signals):
     proc, pid_file = slurm_world.start_in_allocation(
-        "--no-container", "recipe.py", env={"GPUS_PER_NODE": str(TASKS), "FAKE_SLEEP": "300"}
+        "--no-container", "recipe.py", env={"GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
     )
     try:
-        records = slurm_world.wait_for_ranks(TASKS)
+        records = slurm_world.wait_for_ranks(4)
         os.kill(int(pid_file.read_text()), sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+    assert proc.returncode == 128 + sig, stderr
+    assert wait_gone([r["pid"] for r in records.values()])
+    assert slurm_world.signals_seen() == {rank: ["SIGTERM"] for rank in range(4)}
+
+
+def test_ctrl_c_to_salloc_gives_every_rank_sigterm_before_any_sigkill(slurm_world: SrunWorld):
+    proc, _ = slurm_world.start_in_allocation(
+        "--no-container", "recipe.py", env={"GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
+    )
+    try:
+        records = slurm_world.wait_for_ranks(4)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
         proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
 
-    assert proc.returncode != 0
-    deadline = time.monotonic() + 15
-    while not all(pid_gone(r["pid"]) for r in records.values()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert all(pid_gone(r["pid"]) for r in records.values())
+    assert wait_gone([r["pid"] for r in records.values()])
+    assert slurm_world.signals_seen() == {rank: ["SIGTERM"] for rank in range(4)}
 
 
 def test_dry_run_inside_an_allocation_shows_the_job_and_starts_no_step(slurm_world: SrunWorld):
     result, steps = slurm_world.in_allocation(
-        "--dry-run", "--no-container", "recipe.py", "a=b c", env={"GPUS_PER_NODE": "2"}
+        "--dry-run", "--no-container", "recipe.py", "a=b c", salloc=("--nodes=2", "--gpus-per-node=2")
     )
 
     assert result.returncode == 0, result.stderr
     assert steps == 0
     assert slurm_world.records() == {}
-    master = getent_ipv4(slurm_world.cluster.node)
-    assert f"export MASTER_ADDR={master}" in result.stdout.splitlines()
-    srun_line = next(line for line in result.stdout.splitlines() if line.startswith("srun "))
-    assert f"--mpi={slurm_world.env['SRUN_MPI']}" in srun_line
+    lines = result.stdout.splitlines()
+    assert f"export MASTER_ADDR={ADDRESSES['node1']}" in lines
+    assert "export WORLD_SIZE=4" in lines
+    srun_line = next(line for line in lines if line.startswith("srun "))
+    assert srun_line.startswith("srun --nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=4 --distribution=block")
+    assert " --mpi=none " in srun_line
     assert srun_line.endswith("recipe.py a=b\\ c")
