@@ -6,9 +6,12 @@
 # rebuilds only that layer. Each ARG is declared right before the first step that uses it, so bumping one pin
 # rebuilds from that step on.
 
+# The tag names the base image; the digest pins its content, since NVIDIA rebuilds a tag (security updates) and a
+# digest is the one reference that cannot change.
 ARG CUDA_VERSION
 ARG UBUNTU_VERSION
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION}
+ARG CUDA_IMAGE_DIGEST
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION}@${CUDA_IMAGE_DIGEST}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
@@ -22,20 +25,28 @@ ARG PYTHON_VERSION
 RUN : "${PYTHON_VERSION:?build arg missing: pass the [image] pins of versions.txt (make build does)}" \
     && apt-get update \
     && apt-get install -y --no-install-recommends \
-        autoconf automake build-essential ca-certificates check curl git gnupg hwloc kmod libhwloc-dev \
+        autoconf automake build-essential ca-certificates check curl git gnupg hwloc iproute2 kmod libhwloc-dev \
         libsubunit-dev libtool ninja-build openssh-client pkg-config \
         "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-dev" "python${PYTHON_VERSION}-venv" \
     && { dpkg-query -W -f='${Package}\n' 'cuda-compat-*' 2>/dev/null || true; } | xargs -r apt-get purge -y \
     && rm -rf /var/lib/apt/lists/*
 
 # Nsight Systems CLI from NVIDIA's devtools apt repository, trusted through its own keyring (signed-by), not apt-key.
+# The keyring must hold exactly the key pinned by NSYS_KEY_FINGERPRINT: downloaded from the repository it vouches for,
+# it proves nothing until compared.
 ARG NSYS_VERSION
+ARG NSYS_KEY_FINGERPRINT
 # hadolint ignore=DL3008
 RUN : "${NSYS_VERSION:?build arg missing: pass the [image] pins of versions.txt (make build does)}" \
+    && : "${NSYS_KEY_FINGERPRINT:?build arg missing: pass the [image] pins of versions.txt (make build does)}" \
     && ubuntu="ubuntu$(. /etc/os-release && echo "${VERSION_ID}" | tr -d .)" \
     && repo="https://developer.download.nvidia.com/devtools/repos/${ubuntu}/$(dpkg --print-architecture)" \
     && curl -fsSL "${repo}/nvidia.pub" | gpg --dearmor -o /usr/share/keyrings/nvidia-devtools.gpg \
-    && gpg --show-keys --with-fingerprint /usr/share/keyrings/nvidia-devtools.gpg \
+    && keys=$(gpg --show-keys --with-colons /usr/share/keyrings/nvidia-devtools.gpg \
+        | awk -F: '$1 == "pub" { primary = 1 } $1 == "fpr" && primary { print $10; primary = 0 }') \
+    && if [ "${keys}" != "${NSYS_KEY_FINGERPRINT}" ]; then \
+        echo "${repo}/nvidia.pub holds ${keys:-no key}, not the pinned key ${NSYS_KEY_FINGERPRINT}" >&2; exit 1; \
+    fi \
     && echo "deb [signed-by=/usr/share/keyrings/nvidia-devtools.gpg] ${repo} /" \
         >/etc/apt/sources.list.d/nvidia-devtools.list \
     && apt-get update \
@@ -149,16 +160,19 @@ RUN "python${PYTHON_VERSION}" -m venv /opt/venv \
     && NVTE_CUDA_ARCHS=$(echo "${CUDA_ARCHS}" | tr -d . | tr , ';') && export NVTE_CUDA_ARCHS \
     && PYTHON=/opt/venv/bin/python bash /opt/toolkit/tools/install_python_stack.sh
 
-# DeepEP with its NCCL GIN backend (deepseek-ai/DeepEP PR #521, runtime switch DEEP_EP_BACKEND=nccl), at the commit
-# the reference design ran with NCCL 2.29.3. Built for DEEPEP_CUDA_ARCHS only: its sm_100 code does not compile
-# with CUDA 13 at this commit. The full hash is printed for the record.
+# DeepEP with its NCCL GIN backend (built with ENABLE_NCCL=1; runtime switch DEEP_EP_BACKEND=nccl), which upstream
+# deepseek-ai/DeepEP has merged (README-NCCL.md), so it comes from there rather than from the reference design's fork.
+# A short hash can become ambiguous, so DEEPEP_COMMIT is the full hash, and the checkout must be exactly that commit.
+# Built for DEEPEP_CUDA_ARCHS only: the H100/H200 this image targets.
 ARG DEEPEP_COMMIT
 ARG DEEPEP_CUDA_ARCHS
 RUN : "${DEEPEP_COMMIT:?build arg missing: pass the [image] pins of versions.txt (make build does)}" \
     && : "${DEEPEP_CUDA_ARCHS:?build arg missing: pass the [image] pins of versions.txt (make build does)}" \
-    && git clone --filter=blob:none https://github.com/aamirshafi/DeepEP.git /tmp/DeepEP \
+    && git clone --filter=blob:none https://github.com/deepseek-ai/DeepEP.git /tmp/DeepEP \
     && git -C /tmp/DeepEP -c advice.detachedHead=false checkout --detach "${DEEPEP_COMMIT}" \
-    && echo "DeepEP commit: $(git -C /tmp/DeepEP rev-parse HEAD)" \
+    && if [ "$(git -C /tmp/DeepEP rev-parse HEAD)" != "${DEEPEP_COMMIT}" ]; then \
+        echo "DEEPEP_COMMIT=${DEEPEP_COMMIT} is not a full commit hash of deepseek-ai/DeepEP" >&2; exit 1; \
+    fi \
     && ENABLE_NCCL=1 NCCL_DIR=/opt/nccl/build TORCH_CUDA_ARCH_LIST=$(echo "${DEEPEP_CUDA_ARCHS}" | tr , ';') \
         python -m pip install --no-cache-dir --no-deps --no-build-isolation /tmp/DeepEP \
     && rm -rf /tmp/DeepEP

@@ -671,8 +671,6 @@ submit_batch() {
     die "time limit $limit ($seconds s) leaves no time before the save SAVE_LEAD_S=$SAVE_LEAD_S s ahead of it:" \
       "give a longer --time or a smaller SAVE_LEAD_S"
   fi
-  command -v sbatch >/dev/null || die "sbatch is not found on this host:" "submit where SLURM's client commands are"
-
   local -a submit=(sbatch --requeue --open-mode=append "--signal=B:USR1@$SAVE_LEAD_S")
   [[ " ${sbatch_args[*]} " == *" -o"* || " ${sbatch_args[*]} " == *" --output"* ]] ||
     submit+=("--output=$RUN_ROOT/slurm-%j.out")
@@ -685,6 +683,7 @@ submit_batch() {
     printf '%s\n' "$script"
     exit 0
   fi
+  command -v sbatch >/dev/null || die "sbatch is not found on this host:" "submit where SLURM's client commands are"
   local out job
   out=$("${submit[@]}" --test-only 2>&1 <<<"$script") ||
     die "sbatch refused the job: $(grep -m 1 -i 'error\|unrecognized\|invalid' <<<"$out" || head -n 1 <<<"$out")"

@@ -12,6 +12,7 @@ import atexit
 import os
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -56,6 +57,17 @@ def trace_path(rank: int) -> Path:
     return directory / f"trace_rank{rank}.json"
 
 
+# How long a rank that must wait for its trace writer (at exit, or stopped by SIGTERM) waits before it stops the
+# writer: a writer stuck on a hung file system would otherwise hold the rank forever. A full buffer (1,000,000
+# events) is written in under a second on a 2-core machine; 20 s stays inside srun.sh's 30 s grace and SLURM's
+# default KillWait (30 s), so the rank reports a stuck writer itself before it is killed.
+WRITER_DEADLINE_S = 20.0
+
+# Stopping a job signals every process of the rank (srun.sh signals its process group, slurmstepd every process of
+# the step): the trace writer is one of them, and must live through these.
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
 class WindowTracer:
     """One VizTracer over one profiling window of this process, written without stalling the other ranks.
 
@@ -63,6 +75,10 @@ class WindowTracer:
     process instead, a 38 MB trace held the next step 515 ms longer (bench/results/2026-11-30-pm-launch-bench.md).
     The rank frees its trace buffer only once the child has exited: freed while the child runs, each page of the
     buffer would first be copied (copy-on-write), 87 ms for 350,000 events on a 2-core machine.
+
+    SIGTERM inside the window (or while the writer runs) writes the trace, then ends the rank as the signal would
+    have. Once nothing is left to write, SIGTERM gets its default action back, so a rank stuck in native code (an NCCL
+    wait) dies of it at once again: a Python handler only runs when the interpreter gets control back.
     """
 
     def __init__(self) -> None:
@@ -89,6 +105,8 @@ class WindowTracer:
         self.tracer.start()
         self.rank = rank
         self.used = True
+        # Only over the default action: a handler installed before (Megatron Bridge's train.exit_signal_handler)
+        # stops training at the next step, and the window is then written at exit like any other.
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self.save_then_terminate)
 
@@ -96,48 +114,101 @@ class WindowTracer:
         """End the window; a forked child writes the trace."""
         if self.tracer is None:
             return
-        self.tracer.stop()
-        self.tracer.setpid()  # the trace names this rank's pid, not the writer's
-        pid = os.fork()
-        if pid == 0:
-            write_and_exit(self.tracer)
-        self.writer_pid, self.written, self.tracer = pid, self.tracer, None
+        tracer, self.tracer = self.tracer, None
+        tracer.stop()
+        tracer.setpid()  # the trace names this rank's pid, not the writer's
+        self.written = tracer
+        self.writer_pid = fork_writer(tracer)
 
     def reap(self, wait: bool) -> None:
-        """Once the writer has exited: report how it ended and free the trace buffer."""
-        if self.writer_pid is None:
+        """Once the writer has exited: report how it ended and free the trace buffer. With wait, a writer still
+        running after WRITER_DEADLINE_S is killed."""
+        if self.writer_pid is None or self.written is None:
             return
-        pid, status = os.waitpid(self.writer_pid, 0 if wait else os.WNOHANG)
-        if pid == 0:
+        code = writer_exit_code(self.writer_pid, WRITER_DEADLINE_S if wait else 0.0)
+        if code is None and not wait:
             return
         path = self.written.output_file
-        if os.waitstatus_to_exitcode(status) == 0:
+        if code is None:
+            os.kill(self.writer_pid, signal.SIGKILL)
+            os.waitpid(self.writer_pid, 0)
+            print(
+                f"[profiling] rank {self.rank}: viztracer writer did not finish writing {path} within"
+                f" {WRITER_DEADLINE_S:g} s; stopped it, the trace is missing or incomplete",
+                flush=True,
+            )
+        elif code == 0:
             print(f"[profiling] rank {self.rank}: viztracer trace written to {path}", flush=True)
         else:
             print(f"[profiling] rank {self.rank}: viztracer failed to write {path} (see its error above)", flush=True)
         release(self.written)
         self.writer_pid = self.written = None
+        self.restore_sigterm()
 
     def flush(self) -> None:
-        """Write a window that training left open (an exception or exit inside it), and wait for the writer."""
+        """Write a window that training left open (an exception, exit or signal inside it), and wait for the writer."""
         if self.tracer is not None:
-            self.tracer.stop()
-            self.tracer.save()
-            release(self.tracer)
-            self.tracer = None
+            # Written in this process: Python refuses to fork at interpreter shutdown. Taken out first: VizTracer's
+            # dump empties the buffer, and a second flush (the exit handler after an error in this one) would write
+            # the empty buffer over this trace.
+            tracer, self.tracer = self.tracer, None
+            tracer.stop()
+            tracer.save()
+            release(tracer)
+            print(f"[profiling] rank {self.rank}: viztracer trace written to {tracer.output_file}", flush=True)
         self.reap(wait=True)
+        self.restore_sigterm()
+
+    def restore_sigterm(self) -> None:
+        """Once nothing is left to write, SIGTERM gets its default action back, unless someone replaced our handler."""
+        if self.tracer is None and self.writer_pid is None:
+            if signal.getsignal(signal.SIGTERM) == self.save_then_terminate:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def save_then_terminate(self, signum: int, frame: FrameType | None) -> None:
+        # The rank is going down, and nothing may cut the write short: not a second stop signal, nor torch's
+        # DataLoader SIGCHLD handler, which raises once its workers have died of this same SIGTERM and would unwind
+        # the rank before its trace is written.
+        for held in STOP_SIGNALS:
+            signal.signal(held, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.flush()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
 
+def fork_writer(tracer: VizTracer) -> int:
+    """Start the child that writes the stopped tracer's trace; its pid.
+
+    Not VizTracer's fork_save(): it needs multiprocessing's "fork" start method, and its child starts with the rank's
+    signal handlers, so a stop signal would run the rank's handler in the writer, or end it, before the trace is
+    written. Here the stop signals are blocked across the fork and ignored in the child before it runs anything else.
+    """
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    pid = os.fork()
+    if pid == 0:
+        for held in STOP_SIGNALS:
+            signal.signal(held, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        write_and_exit(tracer)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return pid
+
+
+def writer_exit_code(pid: int, timeout_s: float) -> int | None:
+    """The writer's exit code (negative: the signal that ended it), or None while it still runs after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
 def write_and_exit(tracer: VizTracer) -> NoReturn:
     """The forked writer: save the trace, then leave without unwinding into the training loop it was forked from."""
-    # A job being stopped signals the writer too: it finishes the trace, which the rank's exit handler waits for.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     status = 1
     try:
         tracer.save()

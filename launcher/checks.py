@@ -1,19 +1,20 @@
-"""Checks of a resolved config before any rank joins the job: Megatron Bridge's own ConfigContainer.validate(), run
-on a copy for the job's world size, and what upstream leaves to a later failure on every rank (the VizTracer switch
-and the profiling window, profiled ranks outside the job, expert parallelism that does not divide the ranks). Each
-failure is a one-line UsageError."""
+"""Checks of a resolved config before any rank joins the job: Megatron Bridge's own validation (runtime_config_update,
+which ends in ConfigContainer.validate()), run on a copy for the job's world size; and what upstream leaves to a
+later failure on every rank (the VizTracer switch and the profiling window, profiled ranks outside the job, expert
+parallelism that does not divide the ranks). Each failure is a one-line UsageError."""
 
 import copy
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from megatron.bridge.training.config import ConfigContainer
+import torch
+from megatron.bridge.training.config import ConfigContainer, runtime_config_update
 
 from launcher.errors import UsageError, first_line
 from viztracer_plugin import active_profilers
 
-# What ConfigContainer.validate() raises for a config it refuses (its checks are asserts and ValueErrors).
+# What Megatron Bridge's validation raises for a config it refuses (its checks are asserts and ValueErrors).
 REFUSALS = (AssertionError, ValueError, TypeError, KeyError, NotImplementedError)
 
 
@@ -22,7 +23,7 @@ def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
     if world_size is None:
         return
     validated = upstream_validated(cfg, world_size)
-    check_expert_parallelism(validated, world_size)
+    check_expert_parallelism(validated or cfg, world_size)
     check_profiled_ranks(cfg, world_size)
 
 
@@ -43,41 +44,47 @@ def check_profiling(cfg: ConfigContainer) -> None:
 
 
 @contextmanager
-def world_size_of(world_size: int) -> Iterator[None]:
-    """Megatron Bridge reads the job's size from WORLD_SIZE before torch.distributed is up."""
-    before = os.environ.get("WORLD_SIZE")
+def job_environment(world_size: int) -> Iterator[None]:
+    """Megatron Bridge reads the job's size from WORLD_SIZE before torch.distributed is up, and its runtime update
+    exports the recipe's env_vars: both only for the duration of the check."""
+    before = dict(os.environ)
     os.environ["WORLD_SIZE"] = str(world_size)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["WORLD_SIZE"]
-        else:
-            os.environ["WORLD_SIZE"] = before
+        os.environ.clear()
+        os.environ.update(before)
 
 
-def upstream_validated(cfg: ConfigContainer, world_size: int) -> ConfigContainer:
-    """A copy of cfg after Megatron Bridge's validate(), which also fills in what it derives (expert TP, DP size)."""
+def upstream_validated(cfg: ConfigContainer, world_size: int) -> ConfigContainer | None:
+    """A copy of cfg after what pretrain() does to it before initializing anything: runtime_config_update() applies
+    the mixed-precision and overlap settings, then validate() checks the whole and fills in what it derives (expert
+    TP, DP size).
+
+    None on a host without a GPU when validate() asks the GPU (the DeepEP dispatcher checks the device): every rank
+    validates again on its own GPU before distributed init."""
     validated = copy.deepcopy(cfg)
-    with world_size_of(world_size):
+    with job_environment(world_size):
         try:
-            validated.validate()
+            runtime_config_update(validated)
         except REFUSALS as error:
             raise UsageError(
                 f"Megatron Bridge refuses this config for {world_size} ranks: {first_line(error)}"
                 " (ConfigContainer.validate(); change the override it names)"
             ) from None
+        except RuntimeError:
+            if torch.cuda.is_available():
+                raise
+            return None
     return validated
 
 
 def check_expert_parallelism(validated: ConfigContainer, world_size: int) -> None:
     """Megatron checks this only once every rank has joined the process group."""
     model = validated.model
-    ep, etp, pp = (
-        model.expert_model_parallel_size or 1,
-        model.expert_tensor_parallel_size,
-        model.pipeline_model_parallel_size,
-    )
+    ep, pp = model.expert_model_parallel_size or 1, model.pipeline_model_parallel_size
+    # Unvalidated (no GPU here), expert TP may still be unset: Megatron Bridge makes it 1 under expert parallelism.
+    etp = model.expert_tensor_parallel_size or 1
     if ep > 1 and world_size % (ep * etp * pp):
         raise UsageError(
             f"{world_size} ranks do not divide into EP*ETP*PP = {ep}*{etp}*{pp}: change the node count,"

@@ -1,16 +1,26 @@
 """The image build: static checks of the Dockerfile, and enroot.sh and the Makefile run as a user would.
 
 Docker and enroot cannot run here, so the scripts run with PATH holding only a few system tools and the recording
-stand-ins of tests/fixtures/image; each test checks the exact commands they received.
+stand-ins of tests/fixtures/image; each test checks the exact commands they received. The build context is the one
+the docker CLI itself packs, caught by a stand-in daemon.
 """
 
+import http.server
+import io
+import itertools
 import json
 import os
 import re
+import shlex
 import shutil
+import socketserver
 import subprocess
 import sys
+import tarfile
 import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,9 +42,10 @@ def image_pins(versions: Path = REPO / "versions.txt") -> list[tuple[str, str]]:
     return pins
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs of the Dockerfile, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text())
+def dockerfile_instructions(dockerfile: str | None = None) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs of the Dockerfile (or of the text given), continuation lines joined, comments
+    dropped."""
+    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text() if dockerfile is None else dockerfile)
     lines = [line.strip() for line in text.splitlines()]
     return [tuple(line.split(None, 1)) for line in lines if line and not line.startswith("#")]
 
@@ -125,25 +136,295 @@ def test_every_image_pin_has_a_value():
     assert [name for name, value in image_pins() if not value] == []
 
 
-def test_dockerfile_trusts_only_signed_or_checksummed_downloads():
+def test_apt_trusts_only_signed_repositories():
     text = "\n".join(rest for _, rest in dockerfile_instructions())
     assert "--allow-unauthenticated" not in text
     assert "apt-key" not in text
     assert "[trusted=yes]" not in text
-    assert "signed-by=" in text
-    assert "sha512sum --check" in text
-    assert "--verify" in text
 
 
-def test_git_sources_are_checked_out_at_pinned_refs():
-    runs = [rest for instruction, rest in dockerfile_instructions() if instruction == "RUN"]
-    steps = [step.strip() for run in runs for step in run.split("&&")]
-    clones = [i for i, step in enumerate(steps) if step.startswith("git clone")]
-    assert len(clones) == 4  # GDRCopy, NCCL, nccl-tests, DeepEP
-    for i in clones:
-        pinned_clone = re.search(r'--branch "\$\{[A-Z_]+\}"', steps[i])
-        pinned_checkout = re.search(r'checkout --detach "\$\{[A-Z_]+\}"', steps[i + 1])
-        assert pinned_clone or pinned_checkout, f"unpinned git source: {steps[i]}"
+# --- what the image build downloads, parsed -----------------------------------------------------------------------
+#
+# Each RUN step is split into its shell commands as POSIX sh tokenizes them (shlex). A download passes only when the
+# same step verifies it, with one of the idioms the Dockerfile uses, before anything else touches it:
+#   FROM                   pinned by a *_DIGEST pin: image:tag@${PIN}
+#   curl/wget to a file    `echo "${*_SHA512}  FILE" | sha512sum --check`, with the sum pinned in versions.txt; or
+#                          `gpg --verify` (or the key's `gpg --import`), with the signer's fingerprint compared
+#                          (grep of gpg's VALIDSIG status against a pinned fingerprint)
+#   curl | gpg --dearmor   an apt key: the step lists its fingerprints and compares them with a *_FINGERPRINT pin
+#   git clone              at a pinned tag (--branch "${PIN}"), or checked out at a *_COMMIT pin compared with HEAD
+#   ADD URL                only with --checksum
+# A download piped into anything else (a shell, tar) is never verified. A new kind of download needs its idiom here.
+
+SEPARATORS = {"&&", "||", ";", "(", ")", "&", "|"}
+KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}"}
+REDIRECTIONS = {">", ">>", "<", ">&", "&>", ">|"}
+ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+CHECKSUM_TOOLS = {"sha256sum", "sha512sum"}
+FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
+
+
+@dataclass
+class Command:
+    pipeline: int  # commands of one pipeline share this number
+    words: list[str]  # without leading keywords and assignments; a redirection is one word: ">/tmp/x"
+
+    @property
+    def name(self) -> str:
+        return self.words[0]
+
+    def names(self, path: str) -> bool:
+        """Whether an argument is path, or holds it as a whitespace-separated part (echo "SUM  path")."""
+        return any(part == path or part.endswith("/" + path) for word in self.words[1:] for part in word.split())
+
+    def uses(self, variable: str) -> bool:
+        return any("${" + variable + "}" in word for word in self.words)
+
+
+def shell_commands(run: str) -> tuple[list[Command], dict[str, str]]:
+    """The commands of a RUN step in order, and the variables it assigns."""
+    lexer = shlex.shlex(run, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    commands, assigned, words, pipeline = [], {}, [], 0
+    tokens = iter(lexer)
+    for token in tokens:
+        if token in SEPARATORS:
+            if words:
+                commands.append(Command(pipeline, words))
+            words = []
+            pipeline += token != "|"
+        elif token in REDIRECTIONS:
+            words.append(token + next(tokens, ""))
+        elif not words and token in KEYWORDS:
+            continue
+        elif not words and (assignment := ASSIGNMENT.match(token)):
+            assigned[assignment[1]] = assignment[2]
+        else:
+            words.append(token)
+    if words:
+        commands.append(Command(pipeline, words))
+    return commands, assigned
+
+
+def option_value(words: list[str], *options: str) -> str | None:
+    for option, value in itertools.pairwise(words):
+        if option in options:
+            return value
+    return None
+
+
+def fetched(command: Command) -> tuple[str, str | None] | None:
+    """(source, file written) of a curl or wget command; the file is None when the download goes to stdout.
+
+    curl writes a file with -o FILE (also in a cluster: -fsSLo FILE), -O (the URL's name) or a redirection; wget with
+    -O FILE ("-": stdout), and otherwise under the URL's name."""
+    if command.name not in ("curl", "wget"):
+        return None
+    output_letter = "o" if command.name == "curl" else "O"
+    sources: list[str] = []
+    output, remote_name = None, command.name == "wget"
+    words = iter(command.words[1:])
+    for word in words:
+        short = word.startswith("-") and not word.startswith("--")
+        if word.startswith(">") and not word.startswith(">&"):
+            output = word.lstrip(">")
+        elif short and word.endswith(output_letter + "-"):
+            output = "-"
+        elif word in ("--output", "--output-document") or (short and word.endswith(output_letter)):
+            output = next(words, None)
+        elif command.name == "curl" and (word == "--remote-name" or (short and "O" in word)):
+            remote_name = True
+        elif word in ("-H", "--header", "-u", "--user", "--retry"):
+            next(words, None)
+        elif not word.startswith("-"):
+            sources.append(word)
+    source = sources[-1] if sources else "(no URL)"
+    if output is None and remote_name:
+        output = source.rsplit("/", 1)[-1]
+    return source, None if output in (None, "-") else output
+
+
+def signer_is_pinned(commands: list[Command], assigned: dict[str, str], pins: set[str]) -> bool:
+    """Whether the step compares gpg's VALIDSIG status with a pinned fingerprint."""
+    fingerprints = {name for name, value in assigned.items() if FINGERPRINT.match(value)}
+    fingerprints |= {name for name in pins if name.endswith("_FINGERPRINT")}
+    return any(
+        command.name == "grep" and any("VALIDSIG" in word for word in command.words) and command.uses(name)
+        for command in commands
+        for name in fingerprints
+    )
+
+
+def file_verified(
+    path: str, later: list[Command], commands: list[Command], assigned: dict[str, str], pins: set[str]
+) -> bool:
+    """Whether the first pipeline after the download that names path verifies it."""
+    first = next((command for command in later if command.names(path)), None)
+    if first is None:
+        return False
+    pipeline = [command for command in later if command.pipeline == first.pipeline]
+    checksum_pins = [name for name in pins if name.endswith(("_SHA256", "_SHA512"))]
+    checked = any(
+        command.name in CHECKSUM_TOOLS and {"--check", "-c"} & set(command.words) for command in pipeline
+    ) and any(command.uses(name) for command in pipeline for name in checksum_pins)
+    signed = (
+        first.name in ("gpg", "gpgv")
+        and {"--verify", "--import"} & set(first.words)
+        and signer_is_pinned(commands, assigned, pins)
+    )
+    return bool(checked or signed)
+
+
+def key_verified(keyring: str, later: list[Command], pins: set[str]) -> bool:
+    """Whether the step lists the keyring's fingerprints, then compares them with a *_FINGERPRINT pin."""
+    first = next((command for command in later if command.names(keyring)), None)
+    if first is None or first.name != "gpg":
+        return False
+    after = later[later.index(first) + 1 :]
+    fingerprints = [name for name in pins if name.endswith("_FINGERPRINT")]
+    return any(command.name in ("[", "test") and command.uses(name) for command in after for name in fingerprints)
+
+
+def clone_pinned(clone: Command, later: list[Command], pins: set[str]) -> bool:
+    """At a pinned tag (--branch "${PIN}"), or checked out at a *_COMMIT pin that the step compares with HEAD."""
+    branch = option_value(clone.words, "--branch", "-b")
+    if branch is not None:
+        return branch in {"${" + name + "}" for name in pins}
+    for name in (name for name in pins if name.endswith("_COMMIT")):
+        checked_out = any(
+            command.name == "git" and "checkout" in command.words and command.uses(name) for command in later
+        )
+        compared = any(
+            command.name in ("[", "test")
+            and command.uses(name)
+            and any("rev-parse HEAD" in word for word in command.words)
+            for command in later
+        )
+        if checked_out and compared:
+            return True
+    return False
+
+
+def unverified_downloads(dockerfile: str, pins: set[str]) -> list[str]:
+    """Every download of the image build that the build does not verify, as a line naming it."""
+    found = []
+    digests = {"@${" + name + "}" for name in pins if name.endswith("_DIGEST")}
+    for instruction, rest in dockerfile_instructions(dockerfile):
+        if instruction == "FROM" and not rest.endswith(tuple(digests)):
+            found.append(f"FROM {rest}: base image not pinned by a digest")
+        if instruction == "ADD" and "://" in rest and "--checksum=" not in rest:
+            found.append(f"ADD {rest}: no --checksum")
+    runs = [rest for instruction, rest in dockerfile_instructions(dockerfile) if instruction == "RUN"]
+    for step, run in enumerate(runs, start=1):
+        commands, assigned = shell_commands(run)
+        for index, command in enumerate(commands):
+            later = commands[index + 1 :]
+            if command.name == "git" and "clone" in command.words:
+                if not clone_pinned(command, later, pins):
+                    found.append(f"RUN {step}: {shlex.join(command.words)}: not at a pinned tag or verified commit")
+                continue
+            download = fetched(command)
+            if download is None:
+                continue
+            source, path = download
+            if path is not None:
+                if not file_verified(path, later, commands, assigned, pins):
+                    found.append(f"RUN {step}: {source} saved as {path}: used before it is verified")
+                continue
+            consumer = later[0] if later and later[0].pipeline == command.pipeline else None
+            keyring = option_value(consumer.words, "-o", "--output") if consumer is not None else None
+            if consumer is None or consumer.name != "gpg" or "--dearmor" not in consumer.words or keyring is None:
+                target = shlex.join(consumer.words) if consumer is not None else "stdout"
+                found.append(f"RUN {step}: {source} piped into {target}: never verified")
+            elif not key_verified(keyring, later[1:], pins):
+                found.append(f"RUN {step}: {source}, the apt key {keyring}: fingerprint not compared with a pin")
+    return found
+
+
+def pin_names() -> set[str]:
+    return {name for name, _ in image_pins()}
+
+
+def test_every_download_of_the_image_build_is_verified():
+    assert unverified_downloads((REPO / "Dockerfile").read_text(), pin_names()) == []
+
+
+AFTER_FROM = {
+    "script downloaded, then run": "RUN curl -fsSL -o /tmp/x.sh https://example.com/x.sh && bash /tmp/x.sh",
+    "script piped into a shell": "RUN curl -fsSL https://example.com/x.sh | bash",
+    "script from wget piped into a shell": "RUN wget -qO- https://example.com/x.sh | sh",
+    "archive from wget, unpacked": "RUN wget -qO /tmp/x.tgz https://example.com/x.tgz && tar -xzf /tmp/x.tgz -C /opt",
+    "archive from a redirection": "RUN curl -fsSL https://example.com/x.tgz >/tmp/x.tgz && tar -xzf /tmp/x.tgz",
+    "stream unpacked": "RUN curl -fsSL https://example.com/x.tgz | tar -xz -C /opt",
+    "checksum from the same server": "RUN curl -fsSLO https://example.com/x.tgz && curl -fsSLO"
+    " https://example.com/x.tgz.sha256 && sha256sum --check x.tgz.sha256 && tar -xzf x.tgz",
+    "checked after use": "RUN curl -fsSLo /tmp/x.tgz https://example.com/x.tgz && tar -xzf /tmp/x.tgz"
+    ' && echo "${AWS_OFI_NCCL_SHA512}  /tmp/x.tgz" | sha512sum --check',
+    "clone of the default branch": "RUN git clone https://example.com/tool.git /tmp/tool",
+    "clone of a moving branch": "RUN git clone --branch main https://example.com/tool.git /tmp/tool",
+    "ADD of a URL": "ADD https://example.com/x.tgz /tmp/x.tgz",
+}
+
+# Each verification of the Dockerfile, removed or weakened: (the text it replaces, the replacement).
+WEAKENED = {
+    "base image by tag only": ("-devel-ubuntu${UBUNTU_VERSION}@${CUDA_IMAGE_DIGEST}", "-devel-ubuntu${UBUNTU_VERSION}"),
+    "aws-ofi-nccl sha512 check dropped": (
+        '    && echo "${AWS_OFI_NCCL_SHA512}  /tmp/${name}.tar.gz" | sha512sum --check --strict - \\\n',
+        "",
+    ),
+    "EFA signer not compared": ('grep -E "^\\[GNUPG:\\] VALIDSIG', 'grep -E "^\\[GNUPG:\\] GOODSIG'),
+    "Nsight key printed, not compared": (
+        '    && if [ "${keys}" != "${NSYS_KEY_FINGERPRINT}" ]; then \\\n',
+        '    && if [ -z "${keys}" ]; then \\\n',
+    ),
+    "DeepEP checked out, HEAD not compared": (
+        'if [ "$(git -C /tmp/DeepEP rev-parse HEAD)" != "${DEEPEP_COMMIT}" ]',
+        'if [ -z "$(git -C /tmp/DeepEP rev-parse HEAD)" ]',
+    ),
+}
+
+
+# What the lines about each weakened verification name (for AFTER_FROM: example.com).
+CAUGHT = {
+    "base image by tag only": "FROM nvidia/cuda",
+    "aws-ofi-nccl sha512 check dropped": "aws-ofi-nccl",
+    "EFA signer not compared": "efa-installer.amazonaws.com",
+    "Nsight key printed, not compared": "nvidia.pub",
+    "DeepEP checked out, HEAD not compared": "deepseek-ai/DeepEP",
+}
+
+
+def mutated_dockerfile(name: str) -> str:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    if name in AFTER_FROM:
+        head, sep, tail = dockerfile.partition("\nSHELL ")
+        return f"{head}\n{AFTER_FROM[name]}\n{sep.strip()} {tail}"
+    old, new = WEAKENED[name]
+    assert dockerfile.count(old) == 1, f"the Dockerfile no longer has: {old!r}"
+    return dockerfile.replace(old, new)
+
+
+@pytest.mark.parametrize("name", [*AFTER_FROM, *WEAKENED])
+def test_an_unverified_download_fails_the_supply_chain_check(name: str):
+    found = unverified_downloads(mutated_dockerfile(name), pin_names())
+    assert found, f"{name}: not caught"
+    assert all(CAUGHT.get(name, "example.com") in line for line in found), found
+
+
+# Pins that name content: each must be a full hash, or the build trusts whatever the name resolves to today.
+PIN_FORMATS = {
+    "_DIGEST": r"sha256:[0-9a-f]{64}",
+    "_FINGERPRINT": r"[0-9A-F]{40}",
+    "_COMMIT": r"[0-9a-f]{40}",
+    "_SHA512": r"[0-9a-f]{128}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(name for name in pin_names() if name.endswith(tuple(PIN_FORMATS))))
+def test_content_pins_are_full_hashes(name: str):
+    value = dict(image_pins())[name]
+    pattern = next(pattern for suffix, pattern in PIN_FORMATS.items() if name.endswith(suffix))
+    assert re.fullmatch(pattern, value), f"versions.txt: {name}={value!r} is not {pattern}"
 
 
 def test_our_code_is_copied_in_the_last_layer_after_the_python_stack():
@@ -162,9 +443,138 @@ def test_build_checks_imports_of_the_whole_stack():
         assert module in last_run
 
 
-def test_build_context_leaves_out_squash_files_and_the_venv():
-    ignored = (REPO / ".dockerignore").read_text().splitlines()
-    assert {"*.sqsh", ".venv", ".git"} <= set(ignored)
+# --- the build context, as the docker CLI packs it ----------------------------------------------------------------
+
+# What the image runs, besides the files the Dockerfile copies by name; `COPY .` copies the whole context.
+RUNTIME = ("srun.sh", "entrypoint.py", "viztracer_plugin.py", "launcher/", "recipes/")
+# What a run or a checkout leaves beside the toolkit: none of it may reach the Docker daemon, let alone the image.
+LEFT_BY_RUNS = (
+    "outputs/tiny_gpt_pretrain/123/launch.json",
+    "outputs/tiny_gpt_pretrain/123/checkpoints/iter_0000010/__0_0.distcp",
+    "nemo_experiments/default/checkpoints/iter_0000010/__0_0.distcp",
+    "viztracer_output/pid7/trace_rank0.json",
+    "nsys-megatron/rank0.nsys-rep",
+    "megatron-lm+latest.sqsh",
+    ".venv/bin/python",
+    "launcher/__pycache__/outputs.cpython-312.pyc",
+    ".git/HEAD",
+)
+
+
+class ContextCatcher(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A stand-in Docker daemon: answers the CLI's ping, keeps the file names of the build context it is sent, and
+    fails the build."""
+
+    daemon_threads = True
+
+    def __init__(self, path: Path):
+        self.files: list[str] = []
+        super().__init__(str(path), ContextRequest)
+
+    def get_request(self):
+        request, _ = super().get_request()
+        return request, ("docker-cli", 0)  # a Unix socket's peer has no address; http.server logs one
+
+
+class ContextRequest(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_HEAD(self) -> None:
+        self.reply(b"")
+
+    def do_GET(self) -> None:
+        self.reply(b"OK")
+
+    def do_POST(self) -> None:
+        with tarfile.open(fileobj=io.BytesIO(self.body())) as context:
+            self.server.files = [member.name for member in context.getmembers() if member.isfile()]
+        self.reply(json.dumps({"error": "context caught", "errorDetail": {"message": "context caught"}}).encode())
+
+    def body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding") != "chunked":
+            return self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        chunks = []
+        while size := int(self.rfile.readline().strip(), 16):
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline()
+        self.rfile.readline()
+        return b"".join(chunks)
+
+    def reply(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Api-Version", "1.41")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def checkout_files() -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return sorted({name for name in listed.stdout.split("\0") if name and (REPO / name).is_file()})
+
+
+@pytest.fixture
+def checkout_after_a_run() -> Iterator[Path]:
+    """A copy of this checkout, with what a run and the developer's tools leave in one."""
+    with tempfile.TemporaryDirectory(prefix="ctx-") as root:
+        work = Path(root)
+        for name in [*checkout_files(), *LEFT_BY_RUNS]:
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            if (REPO / name).is_file():
+                shutil.copy2(REPO / name, work / name)
+            else:
+                (work / name).write_text("left by a run\n")
+        yield work
+
+
+def docker_build_context(directory: Path) -> list[str]:
+    """The files `docker build` in directory sends to the daemon, as the docker CLI packs them with .dockerignore.
+
+    The classic builder (DOCKER_BUILDKIT=0) packs the context in the CLI and posts it to /build, where the stand-in
+    daemon reads it; BuildKit applies the same .dockerignore rules."""
+    docker = shutil.which("docker")
+    assert docker is not None, "no docker CLI: tools/setup_test_env.sh installs Debian's docker.io (no daemon runs)"
+    socket = directory / "docker.sock"
+    with ContextCatcher(socket) as daemon:
+        threading.Thread(target=daemon.serve_forever, daemon=True).start()
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(directory),
+            "DOCKER_CONFIG": str(directory / ".docker-config"),
+            "DOCKER_HOST": f"unix://{socket}",
+            "DOCKER_BUILDKIT": "0",
+        }
+        result = subprocess.run(
+            [docker, "build", "-f", "Dockerfile", "."],
+            cwd=directory,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        daemon.shutdown()
+    assert "context caught" in result.stderr, result.stdout + result.stderr
+    return sorted(daemon.files)
+
+
+def test_build_context_holds_what_the_image_runs_and_nothing_a_run_left(checkout_after_a_run: Path):
+    context = docker_build_context(checkout_after_a_run)
+    copied = [rest.split()[0] for instruction, rest in dockerfile_instructions() if instruction == "COPY"]
+    named = {source for source in copied if source != "."}
+    runtime = {name for name in checkout_files() if name.startswith(RUNTIME) and "__pycache__" not in name.split("/")}
+    needed = {"Dockerfile", ".dockerignore", *named, *runtime}
+    assert sorted(set(context) - needed) == [], "sent to the Docker daemon, and copied into the image by COPY ."
+    assert sorted(needed - set(context)) == [], "the image needs these"
 
 
 # --- enroot.sh --------------------------------------------------------------------------------------------------
@@ -287,6 +697,9 @@ def test_enroot_help_exits_zero_without_running_anything(sandbox):
 def checkout(sandbox):
     """The sandbox's work folder as a checkout: the files the Makefile reads, and empty setup scripts."""
     sandbox.copy_from_repo("Makefile", "enroot.sh", "versions.txt", "Dockerfile")
+    # Every pin set: these tests are about the Makefile; test_every_image_pin_has_a_value holds versions.txt to it.
+    versions = sandbox.work / "versions.txt"
+    versions.write_text(re.sub(r"^([A-Z][A-Z0-9_]*)=$", r"\1=stand-in", versions.read_text(), flags=re.MULTILINE))
     (sandbox.work / "tools").mkdir()
     for script in ("setup_test_env.sh", "install_python_stack.sh"):
         (sandbox.work / "tools" / script).touch()
@@ -297,7 +710,8 @@ def test_make_build_passes_every_image_pin_as_build_arg(checkout):
     checkout.provide("docker", "enroot")
     result = checkout.run("make", "build")
     assert result.returncode == 0, result.stderr
-    build_args = [arg for name, value in image_pins() for arg in ("--build-arg", f"{name}={value}")]
+    pins = image_pins(checkout.work / "versions.txt")
+    build_args = [arg for name, value in pins for arg in ("--build-arg", f"{name}={value}")]
     assert checkout.calls() == [
         ["docker", "build", "-f", "Dockerfile", "-t", "megatron-lm:latest", *build_args, "."],
         ["enroot", "import", "-o", "./megatron-lm+latest.sqsh", "dockerd://megatron-lm:latest"],

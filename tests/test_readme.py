@@ -15,7 +15,7 @@ from tests import hf_models
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
-EXAMPLE = re.compile(r"^    ((?:salloc -N \d+ )?\./srun\.sh .*|PYTHON=\S+ \./srun\.sh .*)$", re.MULTILINE)
+EXAMPLE = re.compile(r"^    ((?:salloc -N \d+(?: --\S+)* )?\./srun\.sh .*|PYTHON=\S+ \./srun\.sh .*)$", re.MULTILINE)
 EXAMPLES = [e for e in EXAMPLE.findall(README) if "RECIPE.py" not in e]  # not the usage line
 SRUN_OPTIONS = {"--nsys", "--dry-run", "--no-container", "--local"}
 # The local Hugging Face shapes that stand in for the README's /fsx model folders and for the hub (no network here).
@@ -23,19 +23,22 @@ HF_SHAPES = {"DeepSeek-V2-Lite": "deepseek_v2", "DeepSeek-V2": "deepseek_v2", "Q
 HUB_RECIPES = {f"recipes/{recipe}.py": shape for recipe, shape in hf_models.RECIPE_SHAPES.items() if shape}
 
 
-def split(example: str) -> tuple[int, dict[str, str], list[str], str, list[str]]:
-    """-> nodes, environment prefix, srun.sh options, recipe, NAME=VALUE arguments."""
+def split(example: str) -> tuple[int, list[str], list[str], str, list[str]]:
+    """-> nodes, sbatch options (with --sbatch), srun.sh options, recipe, NAME=VALUE arguments."""
     words = shlex.split(example)
-    nodes, env = 1, {}
+    nodes, sbatch = 1, []
     if words[0] == "salloc":
-        nodes, words = int(words[2]), words[3:]
+        nodes = int(words[2])
+        words = words[words.index("./srun.sh") :]
     while "=" in words[0] and not words[0].startswith("./"):
-        name, value = words.pop(0).split("=", 1)
-        env[name] = value
+        words.pop(0)  # an environment prefix, PYTHON=...
     words = words[1:]  # ./srun.sh
+    if words[0] == "--sbatch":
+        sbatch, words = words[1 : words.index("--")], words[words.index("--") + 1 :]
+        nodes = int(sbatch[sbatch.index("-N") + 1])
     options = [w for w in words if w in SRUN_OPTIONS]
     rest = [w for w in words if w not in SRUN_OPTIONS]
-    return nodes, env, options, rest[0], rest[1:]
+    return nodes, sbatch, options, rest[0], rest[1:]
 
 
 def local_model(argument: str, hf_dir: Callable[[str], Path]) -> str:
@@ -55,7 +58,7 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
 
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Path, hf_dir, output_root: Path):
-    nodes, _, options, recipe, arguments = split(example)
+    nodes, sbatch, options, recipe, arguments = split(example)
     arguments = [local_model(a, hf_dir) for a in arguments]
     if recipe in HUB_RECIPES and not any(a.startswith("hf_path=") for a in arguments):
         arguments.append(f"hf_path={hf_dir(HUB_RECIPES[recipe])}")
@@ -72,7 +75,8 @@ def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Pat
         "HF_HUB_OFFLINE": "1",
     }
     dry_run = ["--dry-run", *(o for o in options if o != "--dry-run")]
-    result = run([str(REPO / "srun.sh"), *dry_run, recipe, *arguments], env)
+    submit = ["--sbatch", *sbatch, "--"] if sbatch else []
+    result = run([str(REPO / "srun.sh"), *submit, *dry_run, recipe, *arguments], env)
     assert result.returncode == 0, result.stderr[-2000:]
     if "--nsys" in options:
         arguments.append("profiling.use_nsys_profiler=true")

@@ -4,9 +4,13 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import megatron.bridge.training.profiling as upstream_profiling
@@ -122,7 +126,98 @@ def test_trace_is_flushed_when_training_fails_inside_the_window(tmp_path: Path):
     assert traced_steps(tmp_path / "traces" / "trace_rank0.json") == 2  # steps 4 and 5 ran before the failure
 
 
-def test_trace_is_flushed_when_the_rank_is_terminated_inside_the_window(tmp_path: Path):
-    result = run_loop(tmp_path, 0, "--term-at", "5")
-    assert result.returncode == -signal.SIGTERM
-    assert traced_steps(tmp_path / "traces" / "trace_rank0.json") == 2
+@contextmanager
+def rank_session(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """training_loop.py in a session of its own, as srun.sh starts a rank (setsid), so its process group holds what
+    it forks (DataLoader workers, the trace writer); the group is killed when the test ends. Yields the process and
+    the file holding its stdout and stderr."""
+    log = tmp_path / "rank.log"
+    env = {**os.environ, "VIZTRACER_OUTPUT_DIR": str(tmp_path / "traces")}
+    with log.open("wb") as sink:
+        rank = subprocess.Popen(
+            [sys.executable, str(LOOP), *args], stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        yield rank, log
+    finally:
+        with suppress(ProcessLookupError):  # nothing of the group left
+            os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait()
+
+
+def wait_until_printed(log: Path, text: str, rank: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text():
+        ended = rank.poll() is not None and text not in log.read_text()
+        assert not ended, f"rank ended before printing {text!r}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"rank printed no {text!r} in {timeout_s:g} s:\n{log.read_text()}"
+        time.sleep(0.05)
+
+
+def exit_status(rank: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """The rank's exit status, or None if it still runs after timeout_s."""
+    with suppress(subprocess.TimeoutExpired):
+        return rank.wait(timeout=timeout_s)
+    return None
+
+
+def test_trace_holds_the_window_up_to_a_sigterm_sent_to_the_whole_rank(tmp_path: Path):
+    """Stopped as srun.sh and slurmstepd stop a job: SIGTERM to every process of the rank, its DataLoader workers
+    included (Megatron Bridge's recipes use 2), while the main thread is inside the training loop."""
+    args = ("0", "1000", "3", "400", "0", "--loader-workers", "2", "--step-s", "0.05")
+    with rank_session(tmp_path, *args) as (rank, log):
+        wait_until_printed(log, "step 8 done\n", rank)
+        os.killpg(rank.pid, signal.SIGTERM)
+        status = exit_status(rank, 60)
+    output = log.read_text()
+    assert status == -signal.SIGTERM, output
+    trace = tmp_path / "traces" / "trace_rank0.json"
+    assert f"[profiling] rank 0: viztracer trace written to {trace}" in output
+    done = max(int(step) for step in re.findall(r"^step (\d+) done$", output, re.MULTILINE))
+    # Steps 4 to `done`, and the step the signal fell in if it ended before its line was printed.
+    assert traced_steps(trace) in (done - 3, done - 2)
+
+
+def test_rank_waiting_in_native_code_after_its_window_dies_of_sigterm(tmp_path: Path):
+    """A Python signal handler runs only when the interpreter gets control back: left installed after the window, it
+    would keep a rank stuck in native code (an NCCL wait in a hung job) alive through SIGTERM."""
+    args = ("0", "200", "3", "7", "0", "--step-s", "0.02", "--hang-at", "150")
+    with rank_session(tmp_path, *args) as (rank, log):
+        wait_until_printed(log, "waiting in native code\n", rank)
+        assert "[profiling] rank 0: viztracer trace written to" in log.read_text(), "the test needs the writer done"
+        os.killpg(rank.pid, signal.SIGTERM)
+        status = exit_status(rank, 10)
+    assert status == -signal.SIGTERM, f"exit status {status} 10 s after SIGTERM (None: still running)"
+
+
+def test_rank_stops_a_stuck_trace_writer_and_exits(tmp_path: Path):
+    trace = tmp_path / "traces" / "trace_rank0.json"
+    trace.parent.mkdir()
+    os.mkfifo(trace)  # nobody reads it: the writer blocks opening it, as on a hung file system
+    with rank_session(tmp_path, "0", "12", "3", "7", "0", "--writer-deadline", "1") as (rank, log):
+        status = exit_status(rank, 30)
+    output = log.read_text()
+    assert status == 0, f"exit status {status} (None: still running after 30 s)\n{output}"
+    assert (
+        f"[profiling] rank 0: viztracer writer did not finish writing {trace} within 1 s; stopped it, the trace is"
+        " missing or incomplete"
+    ) in output
+
+
+def test_trace_writer_lives_through_a_sigterm_to_the_whole_rank(tmp_path: Path):
+    """The writer is in the rank's process group, which a stopped job signals as a whole: it finishes the trace, and
+    the rank waits for it before it ends."""
+    trace = tmp_path / "traces" / "trace_rank0.json"
+    trace.parent.mkdir()
+    os.mkfifo(trace)  # holds the writer before it writes, until the test reads
+    with rank_session(tmp_path, "0", "100000", "3", "7", "0", "--step-s", "0.02") as (rank, log):
+        wait_until_printed(log, "viztracer window closes after step 7", rank)
+        os.killpg(rank.pid, signal.SIGTERM)
+        with trace.open() as reader:
+            text = reader.read()
+        status = exit_status(rank, 60)
+    output = log.read_text()
+    assert status == -signal.SIGTERM, output
+    # Counted in the text: VizTracer's writer seeks back over its last comma, which a FIFO cannot, so this is no JSON.
+    assert len(re.findall(r'"ph":"X",[^}]*"name":"train_step \(', text)) == 4
+    assert f"[profiling] rank 0: viztracer trace written to {trace}" in output

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create the test environment in .venv: Python 3.12 with the pinned stack of versions.txt, the test tools, and the
-# Debian packages the tests start for real (SLURM and munge). Idempotent; `make test` runs it when versions change.
+# Debian packages the tests run for real (SLURM and munge, iproute2, the docker CLI). Idempotent; `make test` runs it
+# when versions change.
 #
 # Knobs:
 #   PYTHON312     a Python 3.12 interpreter (default: the first that runs of python3.12 on PATH and pyenv's 3.12.x)
@@ -24,8 +25,8 @@ install_system_packages() {
   local missing=()
   command -v slurmctld >/dev/null || missing+=(slurm-wlm)
   command -v munged >/dev/null || missing+=(munge)
-  # srun --mpi=pmix (srun.sh's default) loads libpmix, which Debian's slurm-wlm does not pull in.
-  ldconfig -p | grep -q 'libpmix\.so ' || missing+=(libpmix-dev)
+  command -v ip >/dev/null || missing+=(iproute2) # the test cluster's network namespaces and bridge
+  command -v docker >/dev/null || missing+=(docker.io) # its CLI packs the build context; no daemon is started
   command -v make >/dev/null || missing+=(make)
   [ ${#missing[@]} -eq 0 ] && return
   [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}: run as root, or install them with: sudo apt-get install ${missing[*]}"

@@ -144,7 +144,7 @@ def test_nsys_captures_the_window_on_exactly_the_profiled_rank(launch, record):
     plugin logs where Megatron Bridge calls cudaProfilerStart/Stop, and the report lands per job, host and rank."""
     nsys_binary()
     run = launch(TINY, "train.train_iters=20", *WINDOW, "profiling.profile_ranks=[1]", options=("--nsys",))
-    nsys_dir = run.run_dir.parents[2] / "nsys-megatron" / run.run_dir.name
+    nsys_dir = run.run_dir / "nsys"
     reports = sorted(p.name for p in nsys_dir.glob("profile-*"))
     record(run, reports=reports, step_11_ms=run.step_ms.get(11), step_16_ms=run.step_ms.get(16))
     assert run.returncode == 0, tail(run)

@@ -1,0 +1,84 @@
+"""Stop and resume as a batch job does (issue 18), on the tiny recipe: SIGTERM while training, Megatron Bridge's exit
+signal handler saves a checkpoint and stops, and the same RUN_ID resumes from it. The losses after the resume must
+equal those of a run that was never stopped, with DDP and with Megatron FSDP (one GPU each).
+
+`srun.sh --sbatch` turns on train.exit_signal_handler and sends the ranks SIGTERM before the time limit; here SIGTERM
+goes to `srun.sh --local`, which passes it to every rank the same way.
+"""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import megatron_log
+from tests.gpu.conftest import REPO, Run, parse_log
+
+pytestmark = pytest.mark.gpu
+
+TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+ITERS = 20
+COMMON = (
+    f"train.train_iters={ITERS}",
+    "train.exit_signal_handler=true",
+    "validation.eval_interval=1000",
+    "model.gradient_accumulation_fusion=false",
+    # A fixed schedule, so that a run stopped at step k and resumed follows the same learning rates as one run.
+    "scheduler.lr_warmup_iters=2",
+    f"scheduler.lr_decay_iters={ITERS}",
+)
+STOP_AFTER = 8  # SIGTERM once this iteration is logged: the next iteration boundary saves and stops
+
+
+def launch(workdir: Path, switch: str, run_id: str, stop_after: int | None = None) -> tuple[int, str]:
+    """srun.sh --local on one GPU; with stop_after, SIGTERM to srun.sh once that iteration is logged."""
+    env = {**os.environ, "GPUS_PER_NODE": "1", "RUN_ID": run_id, "OUTPUT_ROOT": str(workdir / "outputs")}
+    command = [str(REPO / "srun.sh"), "--local", TINY, switch, *COMMON]
+    lines: list[str] = []
+    with subprocess.Popen(
+        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        deadline = time.monotonic() + 420
+        for line in process.stdout:
+            lines.append(line)
+            logged = megatron_log.ITERATION.search(line)
+            if stop_after is not None and logged and int(logged.group(1)) >= stop_after:
+                process.send_signal(signal.SIGTERM)
+                stop_after = None
+            if time.monotonic() > deadline:
+                process.kill()
+        process.wait(timeout=120)
+    (workdir / f"{run_id}.log").write_text("".join(lines))
+    return process.returncode, "".join(lines)
+
+
+@pytest.mark.parametrize("switch", ["use_megatron_fsdp=false", "use_megatron_fsdp=true"], ids=["ddp", "fsdp"])
+def test_sigterm_saves_and_the_same_run_id_resumes_with_the_same_losses(record, tmp_path: Path, switch: str):
+    straight_status, straight_log = launch(tmp_path, switch, "straight")
+    stopped_status, stopped_log = launch(tmp_path, switch, "stopped", stop_after=STOP_AFTER)
+    resumed_status, resumed_log = launch(tmp_path, switch, "stopped")
+
+    straight = megatron_log.parse(straight_log).losses
+    stopped = megatron_log.parse(stopped_log).losses
+    resumed = megatron_log.parse(resumed_log).losses
+    saved_at = max(stopped)
+    differences = {i: abs(resumed[i] - straight[i]) for i in resumed if i in straight}
+    record(
+        parse_log(Run(resumed_status, resumed_log, 0.0, None, None)),
+        switch=switch,
+        saved_at=saved_at,
+        straight_losses=straight,
+        stopped_losses=stopped,
+        max_abs_difference=max(differences.values(), default=None),
+    )
+    assert straight_status == 0, straight_log[-3000:]
+    assert stopped_status == 128 + signal.SIGTERM, stopped_log[-3000:]
+    assert "exiting program after receiving SIGTERM" in stopped_log
+    assert resumed_status == 0, resumed_log[-3000:]
+    assert "resuming run stopped" in resumed_log
+    assert sorted(resumed) == list(range(saved_at + 1, ITERS + 1))
+    for iteration in resumed:
+        assert resumed[iteration] == pytest.approx(straight[iteration], rel=1e-3)
