@@ -5,16 +5,19 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from bench import megatron_log
 from tests import hf_models
-from tests.gpu.conftest import Run, tail
+from tests.gpu.conftest import REPO, Run, tail
 
 pytestmark = pytest.mark.gpu
 
@@ -155,3 +158,36 @@ def test_nsys_captures_the_window_on_exactly_the_profiled_rank(launch, record):
     assert "1: Capture range started in the application" in run.log
     assert "1: Capture range ended in the application" in run.log
     assert reports and all(re.fullmatch(r"profile-.+-rank1\.(qdstrm|nsys-rep)", name) for name in reports)
+
+
+def test_sigterm_inside_the_viztracer_window_keeps_the_window_steps_up_to_the_signal(tmp_path: Path, record):
+    """SIGTERM to srun.sh after step 12 of a window 6..400 (issue 19): rank 0's trace holds steps 7 to 12 at least,
+    every rank is gone, and the rank logs that the trace was written."""
+    env = {**os.environ, "GPUS_PER_NODE": "1", "OUTPUT_ROOT": str(tmp_path / "outputs")}
+    command = [str(REPO / "srun.sh"), "--local", str(REPO / "recipes" / TINY), "train.train_iters=400",
+               "profiling.use_viztracer=true", "profiling.profile_step_start=6", "profiling.profile_step_end=400",
+               "profiling.profile_ranks=[0]"]  # fmt: skip
+    lines: list[str] = []
+    with subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:  # fmt: skip
+        for line in process.stdout:
+            lines.append(line)
+            logged = megatron_log.ITERATION.search(line)
+            if logged and int(logged.group(1)) == 12:
+                signalled = time.monotonic()
+                process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    gone_after_s = time.monotonic() - signalled
+    log = "".join(lines)
+    traces = sorted((tmp_path / "outputs").glob("*/*/viztracer/trace_rank0.json"))
+    events = json.loads(traces[0].read_text())["traceEvents"] if traces else []
+    steps = [e for e in events if e.get("ph") == "X" and TRACE_STEP.match(e["name"])]
+    record(
+        Run(process.returncode, log, 0.0, None, None),
+        stopped_after_s=round(gone_after_s, 1),
+        trace_events=len(events),
+        traced_train_steps=len(steps),
+    )
+    assert process.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert "0: [profiling] rank 0: viztracer trace written to" in log, log[-3000:]
+    assert len(steps) >= 6, f"{len(steps)} train_step calls, {len(events)} events"

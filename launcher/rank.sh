@@ -1,0 +1,69 @@
+# shellcheck shell=bash
+# The rank side of srun.sh: `srun.sh --rank-exec COMMAND...` runs once per rank, started by srun in every task (or by
+# srun.sh --local). It gives the rank its torch.distributed identity, checks that the rank has a GPU, keeps its output
+# in RUN_DIR/logs/rank-RANK.log beside the labelled console, and records how it ended for srun.sh's failure report.
+# Sourced by srun.sh, whose variables and helpers (die, visible_gpus) it uses.
+
+# A rank that cannot start says why in one line and leaves its status for srun.sh's report.
+rank_fails() {
+  printf 'srun.sh: %s\n' "$*" >&2
+  record_rank_status 2
+  exit 2
+}
+
+record_rank_status() {
+  printf '%s %s %s\n' "$1" "$(date +%s.%N)" "$(uname -n)" >"$RUN_DIR/logs/rank-$RANK.status"
+}
+
+# Gloo (Megatron's CPU groups, torch's store fallbacks) binds the address the host's own name resolves to, which is
+# 127.0.1.1 on Debian/Ubuntu: across nodes it must use the interface that reaches the master instead.
+export_gloo_interface() {
+  [[ -z ${GLOO_SOCKET_IFNAME:-} ]] && ((WORLD_SIZE > LOCAL_WORLD_SIZE)) && command -v ip >/dev/null || return 0
+  local interface
+  interface=$(ip -o -4 addr show | awk -v a="$MASTER_ADDR" '{ split($4, p, "/") } p[1] == a { print $2; exit }')
+  [[ -n $interface ]] ||
+    interface=$(ip -o route get "$MASTER_ADDR" | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')
+  [[ -z $interface ]] || export GLOO_SOCKET_IFNAME=$interface
+}
+
+# Console lines get the rank as label; the rank's log gets them as they are. Both outlive a SIGTERM to the step, so
+# the rank's last words are kept.
+label_and_log() {
+  trap '' INT TERM
+  tee -a "$1" | sed -u "s/^/$RANK: /"
+}
+
+exec_rank() {
+  [[ -n ${RUN_DIR:-} ]] || die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
+  if [[ -z ${RANK:-} ]]; then
+    [[ -n ${SLURM_STEP_ID:-} ]] || die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
+    RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID # SLURM's task ids become torch.distributed's
+  fi
+  export RANK LOCAL_RANK
+  export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$RANK}             # per rank: no compile-cache races
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions_$RANK} # per rank, likewise
+  (umask 077 && mkdir -p -- "$RUN_DIR/logs")
+  local visible
+  visible=$(visible_gpus)
+  ((LOCAL_RANK < visible)) ||
+    rank_fails "rank $RANK (local rank $LOCAL_RANK) on $(uname -n) sees $visible GPU(s)" \
+      "(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}): set GPUS_PER_NODE=$visible or allocate" \
+      "$LOCAL_WORLD_SIZE GPUs a node (salloc --gpus-per-node=$LOCAL_WORLD_SIZE)"
+  export_gloo_interface
+
+  local out err status=0
+  local -a log_pids=()
+  exec {out}> >(label_and_log "$RUN_DIR/logs/rank-$RANK.log")
+  log_pids+=("$!")
+  exec {err}> >(label_and_log "$RUN_DIR/logs/rank-$RANK.log" >&2)
+  log_pids+=("$!")
+  # The rank is this shell's only child, in the foreground: a signal reaches it directly (srun and srun.sh signal
+  # every process of the rank), and this shell outlives the signal to record how the rank ended. The report of
+  # the signal that bash would print goes nowhere: srun.sh names the first failure itself.
+  trap : INT TERM
+  { "$@" 1>&"$out" 2>&"$err"; } 2>/dev/null || status=$?
+  record_rank_status "$status"
+  exec {out}>&- {err}>&-
+  wait "${log_pids[@]}"
+  exit "$status"
+}

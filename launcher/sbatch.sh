@@ -1,0 +1,131 @@
+# shellcheck shell=bash
+# Batch jobs of srun.sh: `srun.sh --sbatch SBATCH_OPTION... -- LAUNCH...` submits, and the job's own
+# `srun.sh --batch-job LAUNCH...` saves before the time limit and requeues itself. Sourced by srun.sh, whose variables
+# and helpers (die, parse_args, validate, launch_step) it uses.
+
+# Seconds of a SLURM time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); nothing for UNLIMITED or a form that sbatch
+# refuses by itself.
+time_limit_seconds() {
+  local value=$1 days=0 h=0 m=0 s=0
+  local -a f
+  [[ $value =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ ]] || return 0
+  if [[ $value == *-* ]]; then
+    days=${value%%-*}
+    IFS=: read -ra f <<<"${value#*-}"
+    h=${f[0]} m=${f[1]:-0} s=${f[2]:-0}
+  else
+    IFS=: read -ra f <<<"$value"
+    case ${#f[@]} in
+      1) m=${f[0]} ;;
+      2) m=${f[0]} s=${f[1]} ;;
+      *) h=${f[0]} m=${f[1]} s=${f[2]} ;;
+    esac
+  fi
+  echo $((((10#$days * 24 + 10#$h) * 60 + 10#$m) * 60 + 10#$s))
+}
+
+# The time limit among sbatch options (the last one wins, as in sbatch), else $SBATCH_TIMELIMIT.
+sbatch_time_limit() {
+  local value=${SBATCH_TIMELIMIT:-}
+  while (($#)); do
+    case $1 in
+      -t | --time) value=${2:-} && shift ;;
+      --time=*) value=${1#--time=} ;;
+      -t?*) value=${1#-t} ;;
+    esac
+    shift
+  done
+  printf '%s\n' "$value"
+}
+
+# The job's script: sbatch copies it into SLURM's spool, so it names this checkout's srun.sh by its full path.
+batch_script() {
+  printf '#!/usr/bin/env bash\n# srun.sh --sbatch: one run that saves before its time limit and requeues itself.\n'
+  printf 'exec %q --batch-job' "$REPO_DIR/srun.sh"
+  printf ' %q' "$@"
+  printf '\n'
+}
+
+submit_batch() {
+  local -a sbatch_args=() launch=()
+  while (($#)) && [[ $1 != -- ]]; do
+    sbatch_args+=("$1")
+    shift
+  done
+  (($#)) || die "--sbatch takes sbatch options, then -- and the launch:" "./srun.sh --sbatch -N 2 -t 4:00:00 -- RECIPE.py"
+  shift
+  # shellcheck disable=SC2034  # read by validate() in srun.sh
+  SUBMITTING=1
+  parse_args "$@"
+  local arg
+  for arg in "$@"; do
+    [[ $arg == --dry-run ]] || launch+=("$arg")
+  done
+  ((!LOCAL)) || die "--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch"
+  is_positive_int "$SAVE_LEAD_S" || die "SAVE_LEAD_S=$(q "$SAVE_LEAD_S") is not a number of seconds: e.g. SAVE_LEAD_S=300"
+  [[ $MAX_RETRIES =~ ^[0-9]+$ ]] || die "MAX_RETRIES=$(q "$MAX_RETRIES") is not a count: e.g. MAX_RETRIES=2"
+  validate
+  local limit seconds
+  limit=$(sbatch_time_limit "${sbatch_args[@]}")
+  seconds=$(time_limit_seconds "$limit")
+  if [[ -n $seconds ]] && ((seconds <= SAVE_LEAD_S)); then
+    die "time limit $limit ($seconds s) leaves no time before the save SAVE_LEAD_S=$SAVE_LEAD_S s ahead of it:" \
+      "give a longer --time or a smaller SAVE_LEAD_S"
+  fi
+  local -a submit=(sbatch --requeue --open-mode=append "--signal=B:USR1@$SAVE_LEAD_S")
+  [[ " ${sbatch_args[*]} " == *" -o"* || " ${sbatch_args[*]} " == *" --output"* ]] ||
+    submit+=("--output=$RUN_ROOT/slurm-%j.out")
+  submit+=("${sbatch_args[@]}")
+  local script
+  script=$(batch_script "${launch[@]}")
+  if ((DRY_RUN)); then
+    echo "# srun.sh --sbatch --dry-run: nothing was submitted. The submission, with the job script on its stdin:"
+    quoted "${submit[@]}"
+    printf '%s\n' "$script"
+    exit 0
+  fi
+  command -v sbatch >/dev/null || die "sbatch is not found on this host:" "submit where SLURM's client commands are"
+  local out job
+  out=$("${submit[@]}" --test-only 2>&1 <<<"$script") ||
+    die "sbatch refused the job: $(grep -m 1 -i 'error\|unrecognized\|invalid' <<<"$out" || head -n 1 <<<"$out")"
+  (umask 077 && mkdir -p -- "$RUN_ROOT")
+  job=$("${submit[@]}" --parsable <<<"$script")
+  job=${job%%;*}
+  echo "srun.sh: submitted batch job $job: run ${RUN_ID:-$job}, outputs in $RUN_ROOT/${RUN_ID:-$job}/," \
+    "rank logs in its logs/, the job's log in $RUN_ROOT/slurm-$job.out"
+  exit 0
+}
+
+# The batch job is SAVE_LEAD_S from its time limit (sbatch --signal=B:USR1): every rank gets SIGTERM, on which
+# Megatron Bridge saves a checkpoint and stops; the job then requeues itself.
+# shellcheck disable=SC2329  # invoked by the trap that trap_stop_signals sets
+save_before_time_limit() {
+  TIME_LIMIT_REACHED=1
+  echo "srun.sh: job $SLURM_JOB_ID reaches its time limit in ${SAVE_LEAD_S}s: SIGTERM to every rank to save and stop" >&2
+  local step
+  step=$(launch_step)
+  [[ -z $step ]] || scancel --signal=TERM "$step" || true
+}
+
+# After the launch of a --sbatch job: requeue it when it stopped for its time limit, or failed with retries left;
+# it then resumes run RUN_ID from its latest checkpoint. SIGTERM to the job (scancel, preemption) requeues nothing:
+# SLURM requeues a preempted job itself.
+requeue_batch_job() {
+  local status=$1 history=$RUN_DIR/logs/requeues.log reason failures
+  if ((TIME_LIMIT_REACHED)); then
+    reason="saved before the time limit (exit status $status)"
+  elif ((status)) && [[ -z $STOPPED_BY ]]; then
+    failures=$(grep -c ': failed ' "$history" 2>/dev/null) || true
+    if ((${failures:-0} >= MAX_RETRIES)); then
+      echo "srun.sh: job $SLURM_JOB_ID failed, and is not requeued: it was requeued after ${failures:-0}" \
+        "failure(s) already (MAX_RETRIES=$MAX_RETRIES)" >&2
+      return "$status"
+    fi
+    reason="failed with exit status $status"
+  else
+    return "$status"
+  fi
+  printf '%s job %s restart %s: %s\n' "$(date +%FT%T)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$reason" >>"$history"
+  echo "srun.sh: $reason: requeueing job $SLURM_JOB_ID, which resumes run $RUN_ID from its latest checkpoint" >&2
+  scontrol requeue "$SLURM_JOB_ID" || return "$status"
+}
