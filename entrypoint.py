@@ -140,6 +140,7 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     outputs.place_outputs(cfg, outputs.run_dir(args.recipe))
     config_overrides, preset = precision.choose_preset(cfg, config_overrides)
     applied = {**kwargs, **preset, **overrides.apply(cfg, config_overrides)}
+    outputs.load_own_checkpoints(cfg)
     checks.check_config(cfg, world_size(args))
     return cfg, applied
 

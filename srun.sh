@@ -41,7 +41,7 @@ RUN_ID=${RUN_ID:-}
 OUTPUT_ROOT=${OUTPUT_ROOT:-outputs}
 # Rendezvous address; empty: the first node's address in SLURM (its NodeAddr), 127.0.0.1 with --local.
 MASTER_ADDR=${MASTER_ADDR:-}
-# Rendezvous port; empty: 20000-32767, derived from RUN_ID, so two runs on one node differ.
+# Rendezvous port; empty: 20000-32767, derived from RUN_DIR, so two runs on one node differ.
 MASTER_PORT=${MASTER_PORT:-}
 # More srun arguments, split on whitespace (no quotes).             SRUN_EXTRA_ARGS="--mpi=pmix --time=2:00:00"
 SRUN_EXTRA_ARGS=${SRUN_EXTRA_ARGS:-}
@@ -335,7 +335,7 @@ resolve_job() {
   fi
   if [[ -z $MASTER_PORT ]]; then
     local checksum
-    checksum=$(cksum <<<"$RUN_ID")
+    checksum=$(cksum <<<"$RUN_DIR")
     MASTER_PORT=$((20000 + ${checksum%% *} % 12768)) # below Linux's ephemeral range (32768+)
   fi
   WORLD_SIZE=$((${#HOSTS[@]} * GPUS_PER_NODE))

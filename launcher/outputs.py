@@ -73,6 +73,13 @@ def place_outputs(cfg: ConfigContainer, directory: Path) -> None:
     os.environ.setdefault("VIZTRACER_OUTPUT_DIR", str(directory / "viztracer"))
 
 
+def load_own_checkpoints(cfg: ConfigContainer) -> None:
+    """A run resumes from its own checkpoints (a requeued job, RUN_ID=<earlier run>), but some upstream recipes (the
+    vanilla GPT one) save without loading. A new run's directory holds none, and Megatron Bridge then starts fresh."""
+    if cfg.checkpoint.load is None:
+        cfg.checkpoint.load = cfg.checkpoint.save
+
+
 def config_yaml(cfg: ConfigContainer) -> str:
     tree, _ = omegaconf_utils.create_omegaconf_dict_config(cfg)
     return OmegaConf.to_yaml(tree)

@@ -307,6 +307,17 @@ def test_two_jobs_get_different_checkpoint_directories(output_root: Path, monkey
 def test_explicit_checkpoint_path_is_kept(output_root: Path, tmp_path: Path):
     cfg = resolve(TINY, f"checkpoint.save={tmp_path}/ckpt")
     assert cfg.checkpoint.save == f"{tmp_path}/ckpt"
+    assert cfg.checkpoint.load == f"{tmp_path}/ckpt"
+
+
+def test_a_run_loads_its_own_checkpoints_when_the_recipe_saves_without_loading(output_root: Path):
+    """The vanilla GPT recipe leaves checkpoint.load unset: a requeued or resumed run would start over (issue 18)."""
+    cfg = resolve(TINY)
+    assert (
+        cfg.checkpoint.load
+        == cfg.checkpoint.save
+        == str(output_root / "tiny_gpt_pretrain" / "test-run" / "checkpoints")
+    )
 
 
 def test_rank_0_saves_config_and_launch_environment(output_root: Path, monkeypatch: pytest.MonkeyPatch):

@@ -24,6 +24,7 @@ ITERS = 20
 COMMON = (
     f"train.train_iters={ITERS}",
     "train.exit_signal_handler=true",
+    "train.exit_signal_handler_for_dataloader=true",
     "validation.eval_interval=1000",
     "model.gradient_accumulation_fusion=false",
     # A fixed schedule, so that a run stopped at step k and resumed follows the same learning rates as one run.
