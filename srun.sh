@@ -106,7 +106,7 @@ parse_args() {
   RECIPE=$1
   shift
   OVERRIDES=("$@")
-  local arg option nsys_switch_given=0 exit_switch_given=0
+  local arg option nsys_switch_given=0 exit_switch_given=0 loader_switch_given=0
   for arg in "${OVERRIDES[@]}"; do
     for option in "${OPTIONS[@]}"; do
       [[ $arg != "$option" ]] ||
@@ -114,14 +114,19 @@ parse_args() {
     done
     [[ $arg == profiling.use_nsys_profiler=* ]] && nsys_switch_given=1
     [[ $arg == train.exit_signal_handler=* ]] && exit_switch_given=1
+    [[ $arg == train.exit_signal_handler_for_dataloader=* ]] && loader_switch_given=1
   done
   # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this switch on.
   if ((USE_NSYS && !nsys_switch_given)); then
     OVERRIDES+=(profiling.use_nsys_profiler=true)
   fi
-  # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default.
+  # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default. Its
+  # data loader workers get the same SIGTERM and need the handler too, or their death fails the rank before it saves.
   if ((BATCH_JOB && !exit_switch_given)); then
     OVERRIDES+=(train.exit_signal_handler=true)
+  fi
+  if ((BATCH_JOB && !loader_switch_given)); then
+    OVERRIDES+=(train.exit_signal_handler_for_dataloader=true)
   fi
 }
 

@@ -72,7 +72,7 @@ class WindowTracer:
     """One VizTracer over one profiling window of this process, written without stalling the other ranks.
 
     At the window's end a forked child writes the trace while this rank goes on with the next step; written in this
-    process instead, a 38 MB trace held the next step 515 ms longer (bench/results/2026-11-30-pm-launch-bench.md).
+    process instead, a 38 MB trace held the next step 515 ms longer (bench/results/viztracer-cost.md).
     The rank frees its trace buffer only once the child has exited: freed while the child runs, each page of the
     buffer would first be copied (copy-on-write), 87 ms for 350,000 events on a 2-core machine.
 

@@ -1,8 +1,8 @@
-"""What Megatron Bridge's training log says about a run, read the same way by the GPU suite and the benchmark.
+"""What Megatron Bridge's console log says about a run, as the GPU suite reads it (the benchmarks read TensorBoard).
 
 Each logged iteration is one line: "[YYYY-MM-DD HH:MM:SS] iteration N/ M | ... elapsed time per iteration (ms): T |
-throughput per GPU (TFLOP/s/GPU): F | ... lm loss: L |". Peak memory is the line "[Rank 0] (after N iterations)
-memory (GB) | ... | mem-max-allocated-gigabytes: G |", printed after the first logged iterations.
+... lm loss: L |". Peak memory is the line "[Rank 0] (after N iterations) memory (GB) | ... |
+mem-max-allocated-gigabytes: G |", printed after the first logged iterations.
 """
 
 import re
@@ -10,8 +10,6 @@ import statistics
 from dataclasses import dataclass, field
 
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
-LOGGED_AT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration")
-THROUGHPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
 LM_LOSS = re.compile(r"lm loss: ([\d.E+-]+|nan|inf)", re.IGNORECASE)
 MAX_ALLOCATED = re.compile(r"mem-max-allocated-gigabytes: ([\d.]+)")
 
@@ -22,16 +20,8 @@ WARMUP_STEPS = 2
 @dataclass
 class TrainingLog:
     step_ms: dict[int, float] = field(default_factory=dict)
-    tflops_per_gpu: dict[int, float] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)
-    logged_at: dict[int, str] = field(default_factory=dict)  # "YYYY-MM-DD HH:MM:SS": sorts as it reads
     peak_mem_gb: float | None = None
-
-    def median_step_ms(self, skip: int = WARMUP_STEPS) -> float | None:
-        return steady_median(self.step_ms, skip)
-
-    def median_tflops_per_gpu(self, skip: int = WARMUP_STEPS) -> float | None:
-        return steady_median(self.tflops_per_gpu, skip)
 
 
 def steady_median(per_step: dict[int, float], skip: int) -> float | None:
@@ -42,16 +32,11 @@ def steady_median(per_step: dict[int, float], skip: int) -> float | None:
 def parse(text: str) -> TrainingLog:
     log = TrainingLog()
     for line in text.splitlines():
-        iteration = ITERATION.search(line)
-        if iteration:
+        if iteration := ITERATION.search(line):
             step = int(iteration.group(1))
             log.step_ms[step] = float(iteration.group(2))
-            if throughput := THROUGHPUT.search(line):
-                log.tflops_per_gpu[step] = float(throughput.group(1))
             if loss := LM_LOSS.search(line):
                 log.losses[step] = float(loss.group(1))
-            if logged_at := LOGGED_AT.search(line):
-                log.logged_at[step] = logged_at.group(1)
         if memory := MAX_ALLOCATED.search(line):
             log.peak_mem_gb = max(log.peak_mem_gb or 0.0, float(memory.group(1)))
     return log

@@ -2,13 +2,15 @@
 applies the overrides with Megatron Bridge's own process_config_with_overrides, and calls pretrain: no
 entrypoint.py, no VizTracer plugin, none of srun.sh's environment.
 
-    torchrun --nproc_per_node=2 bench/upstream_pretrain.py [--viztracer-plugin] RECIPE.py [KEY=VALUE ...]
+    torchrun --nproc-per-node=2 bench/upstream_pretrain.py [--viztracer-plugin] RECIPE.py [KEY=VALUE ...]
 
 --viztracer-plugin installs viztracer_plugin.py as entrypoint.py does, and nothing else of ours, so that
-bench/bench_viztracer_overhead.py can compare two runs that differ only by the plugin.
+bench/bench_viztracer_overhead.py can compare two runs that differ only by the plugin. Rank 0 prints one line after
+the imports and one once the config is built, which bench/bench_startup.py times.
 """
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -28,7 +30,13 @@ def split_arguments(arguments: list[str]) -> tuple[bool, str, list[str]]:
     return with_plugin, recipe_path, overrides
 
 
+def say(message: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(f"upstream_pretrain.py: {message}", flush=True)
+
+
 def main() -> None:
+    say("imported")
     with_plugin, recipe_path, overrides = split_arguments(sys.argv[1:])
     spec = importlib.util.spec_from_file_location("recipe", recipe_path)
     recipe = importlib.util.module_from_spec(spec)
@@ -40,6 +48,7 @@ def main() -> None:
         viztracer_plugin.add_viztracer_field(cfg)
         viztracer_plugin.install()
     cfg = process_config_with_overrides(cfg, cli_overrides=overrides)
+    say("config built")
     pretrain(cfg, forward_step_func=forward_step)
     if with_plugin:
         viztracer_plugin.exit_traced_process(0)

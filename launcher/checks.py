@@ -12,6 +12,7 @@ import torch
 from megatron.bridge.training.config import ConfigContainer, runtime_config_update
 
 from launcher.errors import UsageError, first_line
+from launcher.run_env import set_cuda_device_max_connections
 from viztracer_plugin import active_profilers
 
 # What Megatron Bridge's validation raises for a config it refuses (its checks are asserts and ValueErrors).
@@ -44,11 +45,13 @@ def check_profiling(cfg: ConfigContainer) -> None:
 
 
 @contextmanager
-def job_environment(world_size: int) -> Iterator[None]:
-    """Megatron Bridge reads the job's size from WORLD_SIZE before torch.distributed is up, and its runtime update
-    exports the recipe's env_vars: both only for the duration of the check."""
+def job_environment(cfg: ConfigContainer, world_size: int) -> Iterator[None]:
+    """The environment the job's ranks will have, for the duration of the check: Megatron Bridge reads the job's size
+    from WORLD_SIZE before torch.distributed is up, checks CUDA_DEVICE_MAX_CONNECTIONS (which entrypoint.py sets per
+    job), and its runtime update exports the recipe's env_vars."""
     before = dict(os.environ)
     os.environ["WORLD_SIZE"] = str(world_size)
+    set_cuda_device_max_connections(cfg)
     try:
         yield
     finally:
@@ -64,7 +67,7 @@ def upstream_validated(cfg: ConfigContainer, world_size: int) -> ConfigContainer
     None on a host without a GPU when validate() asks the GPU (the DeepEP dispatcher checks the device): every rank
     validates again on its own GPU before distributed init."""
     validated = copy.deepcopy(cfg)
-    with job_environment(world_size):
+    with job_environment(validated, world_size):
         try:
             runtime_config_update(validated)
         except REFUSALS as error:

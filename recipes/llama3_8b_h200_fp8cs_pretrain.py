@@ -3,9 +3,9 @@ with Transformer Engine's operation fuser in the MLP.
 
 Megatron Bridge's `bf16_with_fp8_current_scaling_mixed` preset keeps the first and the last transformer layer in BF16
 for numerical headroom; Megatron Bridge's performance scripts, which produce its published throughput, run every
-layer in FP8, and so does this recipe. On 2 x H200 (bench/results/2026-11-30-pm-launch-bench.md) that gave 2.1% more
+layer in FP8, and so does this recipe. On 2 x H200 (bench/results/launch-ab.md) that gave 2.1% more
 tokens/s than the preset as it is. Transformer Engine's operation fuser, which runs the MLP as one sequence of TE
-operations and fuses neighbouring ones, gave 3.0 to 3.8% more (bench/results/2026-11-30-eve-launch-bench.md): 739 model
+operations and fuses neighbouring ones, gave 3.0 to 3.8% more (bench/results/launch-ab.md): 739 model
 TFLOP/s per GPU, 120 GB peak allocated, the same losses. For the preset as it is, use llama3_8b_h200_pretrain.py with
 mixed_precision=bf16_with_fp8_current_scaling_mixed.
 

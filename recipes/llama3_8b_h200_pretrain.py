@@ -1,6 +1,6 @@
 """Llama 3 8B pretraining as in llama3_8b_pretrain.py, for H200 GPUs ("141 GB"): micro-batch 2 instead of 1.
 
-On 2 x H200 with Megatron FSDP (bench/results/2026-11-30-launch-bench.md) micro-batch 2 gave 4.7% more tokens/s in
+On 2 x H200 with Megatron FSDP (bench/results/launch-ab.md) micro-batch 2 gave 4.7% more tokens/s in
 FP8 current scaling and 3.6% more in BF16. Peak per GPU, in Megatron's GB of 10^9 bytes (an H200 has about 150):
 120 GB allocated and 129 GB reserved in FP8, 135 and 142 GB in BF16. More GPUs shard the weights and optimizer state
 further, but not the activations, which is why 80 GB GPUs (H100) keep llama3_8b_pretrain.py's micro-batch 1.

@@ -16,6 +16,16 @@ from tests import hf_models  # noqa: E402
 RECIPES = sorted(p for p in (REPO / "recipes").glob("*_pretrain.py"))
 
 
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Whatever a test's code exports (entrypoint.py sets CUDA_DEVICE_MAX_CONNECTIONS per job, Megatron Bridge exports
+    a recipe's env_vars) is gone when it ends, so no later test or subprocess inherits it."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
 @pytest.fixture
 def output_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every run output of the test lands in its own temp dir."""

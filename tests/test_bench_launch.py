@@ -1,94 +1,91 @@
-"""bench/bench_launch.py's ratios: every one is a throughput ratio (> 1: the first-named case is faster), and the
-VizTracer step-16 figure leaves the traced steps and the step after them out of the median."""
+"""bench/bench_launch.py: one run's throughput from the TensorBoard event files Megatron Bridge writes (read back from
+files torch's own SummaryWriter wrote), A/B per round as throughput (> 1: A faster), and the same overrides for both."""
 
-import gzip
-import json
 from pathlib import Path
 
-from bench import bench_launch
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from bench import bench_launch, launches
+
+# Step times (s) of a 7-step Llama 3 8B FP8 run on 2 x H200 (bench/results/launch-ab.md): step 1 builds kernels.
+STEP_S = {1: 15.16, 2: 4.61, 3: 4.35, 4: 4.36, 5: 4.34, 6: 4.37, 7: 4.33}
 
 
-def row(step_ms: float) -> dict:
-    return {"median_step_ms": step_ms}
+def megatron_run(
+    directory: Path, step_s: dict[int, float], tflops: dict[int, float], peak_gb: dict[int, float]
+) -> None:
+    """What Megatron Bridge's training_log writes with launches.MEASURED, in a run directory below `directory`."""
+    writer = SummaryWriter(log_dir=str(directory / "outputs" / "llama3_8b_h200_fp8cs_pretrain" / "bench" / "tb_logs"))
+    for step, seconds in step_s.items():
+        writer.add_scalar(launches.STEP_TIME_S, seconds, step)
+        writer.add_scalar(launches.TFLOPS_PER_GPU, tflops[step], step)
+        writer.add_scalar(launches.PEAK_ALLOCATED_GB, peak_gb[step], step)
+    writer.close()
 
 
-def test_ratios_read_as_throughput_of_the_first_named_case():
-    case = "llama3_8b_fsdp_fp8cs_mbs1"
-    rows = {
-        f"{case}_A_ours": row(100.0),
-        f"{case}_B_upstream": row(110.0),
-        f"{case}_A_ours+nccl_high_priority": row(80.0),
-        "llama3_8b_fsdp_fp8cs_mbs2_A_ours": row(90.0),
+def test_a_run_reads_as_medians_after_warm_up_tokens_per_gpu_and_peak_memory(tmp_path: Path):
+    tflops = {step: 7.4e2 * 4.35 / seconds for step, seconds in STEP_S.items()}
+    peak = {step: 119.45 if step == 1 else 120.08 for step in STEP_S}
+    megatron_run(tmp_path, STEP_S, tflops, peak)
+    row = bench_launch.throughput(launches.scalars(tmp_path), tokens_per_step=16 * 8192, gpus=2)
+    # Steps 3-7: 4.35 4.36 4.34 4.37 4.33 -> median 4.35 s.
+    assert row == {
+        "steps": 7,
+        "step_ms": 4350.0,
+        "tflops_per_gpu": 740.0,
+        "tokens_per_s_per_gpu": round(16 * 8192 / 4.35 / 2),
+        "peak_allocated_gb": pytest.approx(120.08),
     }
-    ratios = bench_launch.ratios(rows)
-    assert ratios == {
-        "fp8cs mbs1 A/B throughput": 1.1,
-        "fp8cs mbs1 A+nccl_high_priority / A throughput": 1.25,
-        "fp8cs A mbs2 / mbs1 throughput": 1.111,
+    assert row["tokens_per_s_per_gpu"] == 15066
+
+
+def test_a_run_that_logged_nothing_has_no_figures(tmp_path: Path):
+    row = bench_launch.throughput(launches.scalars(tmp_path), tokens_per_step=16 * 8192, gpus=2)
+    assert row == {
+        "steps": 0,
+        "step_ms": None,
+        "tflops_per_gpu": None,
+        "tokens_per_s_per_gpu": None,
+        "peak_allocated_gb": None,
     }
 
 
-def test_viztracer_rows_compare_steps_outside_the_window():
-    steps = {i: 100.0 for i in range(1, 31)} | {i: 150.0 for i in range(11, 16)} | {16: 140.0}
-    traced = {"median_step_ms": 105.0, "step_ms": steps}
-    bench_launch.add_derived("tiny_viztracer_installed_window_10_15", traced)
-    assert traced["median_step_ms_outside_window"] == 100.0
-    assert traced["step_16_ms"] == 140.0
-    ratios = bench_launch.ratios(
-        {"tiny_viztracer_not_installed": row(125.0), "tiny_viztracer_installed_window_10_15": traced}
-    )
-    assert ratios == {"viztracer installed / not, outside window": 0.8, "step after window / normal step": 1.4}
-
-
-def test_precision_specific_tuning_runs_only_at_its_precision():
-    cases = bench_launch.cases()
-    assert "llama3_8b_fsdp_fp8cs_mbs2_A_ours+fp8_all_layers" in cases
-    assert "llama3_8b_fsdp_bf16_mbs2_A_ours+fp8_all_layers" not in cases
-    command = cases["llama3_8b_fsdp_bf16_mbs2_A_ours+no_nan_checks"]
-    assert command[-3:] == [
-        "mixed_precision=bf16_mixed",
-        "ddp.check_for_nan_in_grad=false",
-        "rerun_state_machine.check_for_nan_in_loss=false",
+def test_round_ratio_is_a_throughput_over_b_throughput():
+    runs = [
+        {"round": 0, "launch": "A", "step_ms": 4352.8},
+        {"round": 0, "launch": "B", "step_ms": 4344.8},
+        {"round": 1, "launch": "B", "step_ms": 4400.0},
+        {"round": 1, "launch": "A", "step_ms": 4356.4},
     ]
+    assert launches.per_round(runs, "step_ms", over=("B", "A")) == [0.9982, 1.01]
 
 
-def test_recipe_ab_ratio_is_reported():
-    recipe = "llama3_8b_h200_fp8cs_recipe"
-    ratios = bench_launch.ratios({f"{recipe}_A_ours": row(100.0), f"{recipe}_B_upstream": row(101.0)})
-    assert ratios == {f"{recipe} A/B throughput": 1.01}
+def test_both_launches_carry_the_case_the_measured_logging_and_the_extra_overrides():
+    case = bench_launch.CASES["llama3_8b_h200_fp8cs"]
+    commands = bench_launch.commands(case, gpus=1, extra=["model.num_layers=4"])
+    a, b = commands["A"], commands["B"]
+    assert a[-1] == b[-1] == "model.num_layers=4"
+    assert a[a.index(str(launches.REPO / case.recipe)) :] == b[b.index(str(launches.REPO / case.recipe)) :]
+    assert {"train.global_batch_size=16", "logger.log_throughput_to_tensorboard=true"} <= set(a)
+    assert "--nproc-per-node=1" in b
 
 
-def test_recipe_tuning_is_measured_against_the_recipe_and_skips_what_the_recipe_already_sets():
-    recipe = bench_launch.RECIPE_CASE
-    cases = bench_launch.cases()
-    assert f"{recipe}_A_ours+nccl_ub" in cases
-    assert f"{recipe}_A_ours+fp8_all_layers" not in cases
-    assert f"{recipe}_A_ours+te_op_fuser" not in cases
-    assert cases[f"{recipe}_A_ours+kernel_profile"][-4:] == list(bench_launch.KERNEL_PROFILE)
-    ratios = bench_launch.ratios({f"{recipe}_A_ours": row(100.0), f"{recipe}_A_ours+nccl_ub": row(99.0)})
-    assert ratios == {f"{recipe} A+nccl_ub / A throughput": 1.01}
-
-
-def test_two_recipe_tunings_together_carry_both_and_are_measured_against_the_recipe():
-    recipe = bench_launch.RECIPE_CASE
-    cases = bench_launch.cases()
-    command = cases[f"{recipe}_A_ours+nccl_ub+nccl_simple"]
-    assert command[:2] == ["env", "NCCL_PROTO=Simple"]
-    assert command[-1] == "ddp.nccl_ub=true"
-    assert f"{recipe}_A_ours+nccl_simple+nccl_ub" not in cases  # one name per pair
-    assert not [name for name in cases if name.startswith(f"{recipe}_A_ours+") and "te_op_fuser" in name]
-    rows = {f"{recipe}_A_ours": row(100.0), f"{recipe}_A_ours+nccl_ub+nccl_simple": row(98.0)}
-    assert bench_launch.ratios(rows) == {f"{recipe} A+nccl_ub+nccl_simple / A throughput": 1.02}
-
-
-def test_kernel_profile_is_read_from_the_run_directory_the_case_logged(tmp_path: Path):
-    run_dir = tmp_path / "outputs" / "llama3_8b_h200_fp8cs_pretrain" / "local-20261130-142158-2604"
-    (run_dir / "torch_profile").mkdir(parents=True)
-    gemm = {"ph": "X", "cat": "kernel", "name": "nvjet_sm90_qqtst_192x192", "ts": 0.0, "dur": 2000.0}
-    with gzip.open(run_dir / "torch_profile" / "rank-0.json.gz", "wt") as out:
-        json.dump({"traceEvents": [gemm]}, out)
-    log = tmp_path / "case.log"
-    log.write_text(f"0: entrypoint.py: ddp.nccl_ub = True\n0: entrypoint.py: outputs in {run_dir}\n")
-    assert bench_launch.profiled_kernels(log)["kernel_ms"] == {"gemm": 2.0}
-    log.write_text("0: entrypoint.py: outputs in /nowhere\n")
-    assert bench_launch.profiled_kernels(log) is None
+def test_markdown_has_a_row_per_run_and_the_ratios(tmp_path: Path):
+    result = {
+        "case": "tiny",
+        "date": "2026-12-01 10:00 UTC",
+        "hardware": "1 x NVIDIA H200, 580.159.04",
+        "gpus": 1,
+        "versions": "torch 2.11.0",
+        "commands": {"A": ["srun.sh"], "B": ["torchrun"]},
+        "runs": [
+            {"round": 0, "launch": "A", "returncode": 0, "wall_s": 61.2, "step_ms": 150.0, "peak_allocated_gb": 5.9},
+            {"round": 0, "launch": "B", "returncode": "timeout 400 s", "wall_s": 400.0, "step_ms": None},
+        ],
+        "throughput_a_over_b": [],
+    }
+    table = bench_launch.markdown(result)
+    assert "| 0 | A | 0 | 61.2 | None | 150.0 | None | None | 5.9 |" in table
+    assert "| 0 | B | timeout 400 s | 400.0 |" in table
+    assert "A/B throughput per round: -; none (no round where both launches got there)." in table

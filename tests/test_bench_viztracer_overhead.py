@@ -1,76 +1,85 @@
-"""bench/bench_viztracer_overhead.py: which steps each pair compares, the ratio and the step after the window, and
-how the two runs of a round are kept apart."""
+"""bench/bench_viztracer_overhead.py: which steps each pair compares (by the wall time TensorBoard recorded with each
+step), the ratio and the step after the window, and how the two runs of a round are kept apart."""
 
-from bench import bench_launch, upstream_pretrain
+from pathlib import Path
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
 from bench import bench_viztracer_overhead as overhead
+from bench import launches, upstream_pretrain
+
+T0 = 1_796_000_000.0  # a wall time, in seconds
 
 
-def steps(normal: float, window: float, after: float) -> dict[str, float]:
-    """Step times as PREFIX.json holds them (string keys): warm-up 1-2, window 11-15, step 16 writes the trace."""
-    times = {step: normal for step in range(1, 41)} | {1: 9000.0, 2: 500.0, 16: after}
-    times |= {step: window for step in range(11, 16)}
-    return {str(step): ms for step, ms in times.items()}
-
-
-def logged_at(first_second: int, steps: int = 40) -> dict[str, str]:
-    """Step N logged at second first_second + N of one minute."""
-    return {str(step): f"2026-11-30 14:35:{first_second + step:02d}" for step in range(1, steps + 1)}
+def steps(normal_s: float, window_s: float, after_s: float, start: float, count: int = 40) -> dict:
+    """{step: (wall time, seconds)} as TensorBoard has them: step N logged at start + N seconds; warm-up steps 1-2,
+    window 11-15, step 16 writes the trace."""
+    seconds = {step: normal_s for step in range(1, count + 1)} | {1: 9.0, 2: 0.5, 16: after_s}
+    seconds |= {step: window_s for step in range(11, 16)}
+    return {step: (start + step, s) for step, s in seconds.items()}
 
 
 def test_pair_compares_the_same_steps_outside_the_window():
-    pair = {
-        "not_installed": {"step_ms": steps(100.0, 100.0, 100.0), "logged_at": logged_at(0), "gpu": "0"},
-        "installed": {"step_ms": steps(101.0, 400.0, 130.0), "logged_at": logged_at(0), "gpu": "1"},
-    }
-    overhead.compare(pair)
-    assert pair["not_installed"]["median_compared_step_ms"] == 100.0
-    assert pair["installed"]["median_compared_step_ms"] == 101.0
-    assert pair["not_installed"]["compared_steps"] == 40 - 2  # warm-up
-    assert pair["installed"]["compared_steps"] == 40 - 2 - 6  # warm-up, window, the step after it
+    pair = overhead.compare(
+        {"not_installed": steps(0.100, 0.100, 0.100, T0), "installed": steps(0.101, 0.400, 0.130, T0)}
+    )
+    assert pair["not_installed"] == {"compared_steps": 40 - 2, "median_ms": 100.0}  # warm-up left out
+    assert pair["installed"] == {"compared_steps": 40 - 2 - 6, "median_ms": 101.0}  # warm-up, window, step 16
     assert pair["installed / not"] == 1.01
-    assert pair["step after window / installed median"] == 1.29
+    assert pair["step after window / median"] == 1.29
+    assert pair["concurrent_s"] == 37.0  # steps 3 to 40
 
 
 def test_only_steps_logged_while_both_runs_trained_are_compared():
     """The installed run starts 10 s later; the not-installed run was faster (90 ms) while it ran alone."""
-    alone = {str(step): 90.0 for step in range(3, 13)}
-    pair = {
-        "not_installed": {"step_ms": steps(100.0, 100.0, 100.0) | alone, "logged_at": logged_at(0), "gpu": "0"},
-        "installed": {"step_ms": steps(100.0, 400.0, 130.0), "logged_at": logged_at(10), "gpu": "1"},
-    }
-    overhead.compare(pair)
-    assert pair["concurrent"] == ["2026-11-30 14:35:13", "2026-11-30 14:35:40"]
+    alone = {step: (T0 + step, 0.090) for step in range(3, 13)}
+    pair = overhead.compare(
+        {
+            "not_installed": steps(0.100, 0.100, 0.100, T0) | alone,
+            "installed": steps(0.100, 0.400, 0.130, T0 + 10),
+        }
+    )
+    assert pair["concurrent_s"] == 27.0  # from T0 + 13 (the installed run's step 3) to T0 + 40
     assert pair["not_installed"]["compared_steps"] == 40 - 12  # steps 13-40
     assert pair["installed"]["compared_steps"] == 30 - 2 - 6  # steps 3-30
     assert pair["installed / not"] == 1.0
 
 
 def test_a_run_that_logged_no_steps_gives_no_ratio():
-    pair = {
-        "not_installed": {"step_ms": steps(100.0, 100.0, 100.0), "logged_at": logged_at(0), "gpu": "0"},
-        "installed": {"step_ms": {}, "logged_at": {}, "gpu": "1"},
-    }
-    overhead.compare(pair)
+    pair = overhead.compare({"not_installed": steps(0.100, 0.100, 0.100, T0), "installed": {}})
     assert pair["installed / not"] is None
     assert pair["installed"]["compared_steps"] == 0
+    assert pair["concurrent_s"] is None
+
+
+def test_steps_come_from_the_event_files_megatron_bridge_writes(tmp_path: Path):
+    writer = SummaryWriter(log_dir=str(tmp_path / "0-installed" / "nemo_experiments" / "default" / "tb_logs"))
+    for step, (wall, seconds) in steps(0.101, 0.400, 0.130, T0).items():
+        writer.add_scalar(launches.STEP_TIME_S, seconds, step, walltime=wall)
+    writer.close()
+    found = launches.scalars(tmp_path / "0-installed")[launches.STEP_TIME_S]
+    assert found[16] == (T0 + 16, pytest.approx(0.13))
+    assert (
+        overhead.compare({"not_installed": steps(0.100, 0.1, 0.1, T0), "installed": found})["installed / not"] == 1.01
+    )
 
 
 def test_rounds_alternate_gpus_and_the_runs_never_share_a_port():
     assert overhead.gpus_of_round(0) == ("0", "1")
     assert overhead.gpus_of_round(1) == ("1", "0")
     commands = overhead.commands(steps=120)
-    assert "--nproc_per_node=1" in commands["not_installed"]
-    assert f"--master_port={overhead.PORTS['not_installed']}" in commands["not_installed"]
+    assert "--nproc-per-node=1" in commands["not_installed"]
     assert overhead.PORTS["not_installed"] != overhead.PORTS["installed"]
-    assert f"--master_port={overhead.PORTS['installed']}" in commands["installed"]
+    for run in overhead.RUNS:
+        assert f"--master-port={overhead.PORTS[run]}" in commands[run]
+        assert "train.train_iters=120" in commands[run]
     assert "profiling.use_viztracer=true" in commands["installed"]
     assert "profiling.use_viztracer=true" not in commands["not_installed"]
-    for command in commands.values():
-        assert "train.train_iters=120" in command
 
 
 def script_arguments(command: list[str]) -> list[str]:
-    return command[command.index("bench/upstream_pretrain.py") + 1 :]
+    return command[command.index(str(launches.REPO / "bench" / "upstream_pretrain.py")) + 1 :]
 
 
 def test_the_two_runs_differ_by_the_plugin_and_its_window_alone():
@@ -82,5 +91,4 @@ def test_the_two_runs_differ_by_the_plugin_and_its_window_alone():
     assert (with_plugin, without_plugin) == (True, False)
     assert commands["installed"][:4] == commands["not_installed"][:4]  # torchrun, one process; the ports differ
     assert recipe == same_recipe
-    traced = ["profiling.use_viztracer=true", *bench_launch.WINDOW]
-    assert [o for o in overrides if o not in traced] == same_overrides
+    assert [o for o in overrides if o not in overhead.WINDOW] == same_overrides

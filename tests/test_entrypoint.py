@@ -368,6 +368,14 @@ def test_run_record_is_readable_by_its_owner_only(output_root: Path):
         assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o600, name
 
 
+def test_megatron_fsdp_job_is_checked_with_the_connections_its_ranks_get(output_root: Path, monkeypatch):
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 from the user's shell: train() gives FSDP ranks 8, so the check must not refuse."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    cfg = resolve(TINY, "--world-size", "2", "use_megatron_fsdp=true")
+    assert cfg.dist.use_megatron_fsdp is True
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the check's environment is its own
+
+
 @pytest.mark.parametrize(
     ("arguments", "before", "after"),
     [

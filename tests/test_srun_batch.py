@@ -64,7 +64,12 @@ def test_submitted_job_runs_the_launch_as_run_job_id_and_says_where_its_outputs_
     run_dir = slurm_world.dir / "outputs" / "recipe" / job
     for rank, record in records.items():
         assert record["env"]["RUN_ID"] == job
-        assert record["argv"][1:] == [b"recipe.py", b"a=b c", b"train.exit_signal_handler=true"]
+        assert record["argv"][1:] == [
+            b"recipe.py",
+            b"a=b c",
+            b"train.exit_signal_handler=true",
+            b"train.exit_signal_handler_for_dataloader=true",
+        ]
         assert (run_dir / "logs" / f"rank-{rank}.log").read_text() == f"rank {rank} started\n"
     assert f"new run {job} in {run_dir}" in batch_log(slurm_world, job)
 

@@ -1,7 +1,7 @@
 """The GPU suite: real training through `srun.sh --local`, one python per GPU, as a single-node user runs it.
 
 Each test records what it measured through the `record` fixture; bench/run_gpu_suite.sh turns the records into
-bench/results/<date>-gpu-suite.{json,md}.
+RESULTS_DIR/gpu-suite.{json,md}, whose table goes into bench/results/gpu-suite.md.
 """
 
 import json

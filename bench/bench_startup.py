@@ -1,0 +1,150 @@
+"""Start-up time: seconds from the launch command to the first logged training step, for our launch (A: srun.sh
+--local) and the upstream launch (B: torchrun + bench/upstream_pretrain.py) on the same recipe and overrides, and where
+those seconds go. Goal (issue 17): A's time to the first step within 1.03x of B's.
+
+    python3 bench/bench_startup.py PREFIX [--case tiny|llama8b-shape] [--gpus 1] [--rounds 2] [--warmup 1]
+
+Every console line is timed as it arrives (seconds since the launch command started). The breakdown comes from lines
+both launches print: the line each entry point prints once its config is built (entrypoint.py's "outputs in",
+upstream_pretrain.py's "config built"; upstream_pretrain.py also prints "imported" after its imports, which
+entrypoint.py has no line for), then Megatron Bridge's own progress lines, then its first iteration line. Rounds run
+A B, then B A, and so on; --warmup runs that many uncounted pairs first, since each launcher keeps kernel caches of
+its own (srun.sh gives every rank its own Triton cache in /tmp). Prints a table; writes PREFIX.md and PREFIX.json
+after every launch.
+"""
+
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.*, as the GPU suite imports them
+
+from bench import launches, megatron_log, report
+
+# The first console line that marks each point, in the order they come. Megatron Bridge 0.6.2 prints them on rank 0
+# (training/initialize.py, training/setup.py: barrier_and_log), the iteration line on the last rank.
+MARKERS = {
+    "first line": re.compile(r"^"),  # A: srun.sh's own line; B: torchrun's or a rank's
+    "imported": re.compile(r"upstream_pretrain\.py: imported"),  # B only
+    "config built": re.compile(r"entrypoint\.py: outputs in |upstream_pretrain\.py: config built"),
+    "distributed init": re.compile(r"> initializing torch distributed \.\.\."),
+    "megatron initialized": re.compile(r"\[after megatron is initialized\]"),
+    "model built": re.compile(r"\[after model, optimizer, and learning rate scheduler are built\]"),
+    "data built": re.compile(r"\[after dataloaders are built\]"),
+    "first step": megatron_log.ITERATION,
+}
+# Where the seconds go: (what, from marker, to marker); None is the launch command's start.
+PHASES = (
+    ("launcher, interpreter, imports, recipe build, overrides and checks", None, "config built"),
+    ("  of which imports (B only)", None, "imported"),
+    ("pretrain() up to distributed init (config finalize)", "config built", "distributed init"),
+    ("distributed init, dataset helpers, JIT fusion warm-up", "distributed init", "megatron initialized"),
+    ("tokenizer, model, optimizer", "megatron initialized", "model built"),
+    ("data loaders", "model built", "data built"),
+    ("training loop set-up and the first step", "data built", "first step"),
+    ("launch to first step", None, "first step"),
+)
+LLAMA = "recipes/llama3_8b_h200_fp8cs_pretrain.py"
+TINY = "recipes/tiny_gpt_pretrain.py"
+STEPS = "train.train_iters=3"
+
+
+def case_command(case: str, gpus: int, layers: int | None) -> tuple[str, tuple[str, ...]]:
+    """Recipe and overrides. The Llama 3 8B shape keeps 4 of its 32 layers on one GPU (all 32 do not fit there)."""
+    if case == "tiny":
+        return TINY, (STEPS, *launches.MEASURED)
+    layers = layers or (4 if gpus == 1 else None)
+    shape = (f"model.num_layers={layers}",) if layers else ()
+    return LLAMA, (STEPS, "train.global_batch_size=16", *shape, *launches.MEASURED)
+
+
+def marks(lines: list[tuple[float, str]]) -> dict[str, float | None]:
+    """Seconds to the first line of each marker; None where no line matched."""
+    found: dict[str, float | None] = dict.fromkeys(MARKERS)
+    for at, text in lines:
+        for name, pattern in MARKERS.items():
+            if found[name] is None and pattern.search(text):
+                found[name] = at
+    return found
+
+
+def phase_seconds(mark: dict[str, float | None]) -> dict[str, float | None]:
+    seconds = {}
+    for what, start, end in PHASES:
+        begin = 0.0 if start is None else mark.get(start)
+        seconds[what] = round(mark[end] - begin, 2) if mark.get(end) is not None and begin is not None else None
+    return seconds
+
+
+def breakdown(runs: list[dict]) -> dict[str, dict[str, float | None]]:
+    """Median seconds of each phase over the counted runs of each launch."""
+    medians: dict[str, dict[str, float | None]] = {}
+    for what, _, _ in PHASES:
+        for launch in ("A", "B"):
+            got = [r["phases"][what] for r in runs if r["launch"] == launch and r["round"] is not None]
+            got = [s for s in got if s is not None]
+            medians.setdefault(what, {})[launch] = round(statistics.median(got), 2) if got else None
+    return medians
+
+
+def markdown(result: dict) -> str:
+    names = list(MARKERS)
+    lines = [
+        f"# Start-up A/B, {result['case']}, {result['date']}",
+        "",
+        f"{result['hardware']}, {result['gpus']} GPU(s); {result['versions']}. Seconds since the launch command.",
+        "",
+        "| round | launch | exit | wall s | " + " | ".join(names) + " |",
+        "|" + "---|" * (4 + len(names)),
+    ]
+    for row in result["runs"]:
+        cells = [row["round"] if row["round"] is not None else "warm-up", row["launch"], row["returncode"]]
+        cells += [row["wall_s"], *("-" if row["marks"][name] is None else row["marks"][name] for name in names)]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    ratios = result["first_step_a_over_b"]
+    lines += ["", f"A/B time to first step per round: {', '.join(map(str, ratios)) or '-'}; {launches.spread(ratios)}"]
+    lines += [f"(goal: at most {result['goal']}).", "", "| where the seconds go (median) | A | B | A - B |"]
+    lines.append("|---|---|---|---|")
+    for what, medians in result["breakdown"].items():
+        a, b = medians["A"], medians["B"]
+        difference = round(a - b, 2) if a is not None and b is not None else "-"
+        lines.append(f"| {what} | {'-' if a is None else a} | {'-' if b is None else b} | {difference} |")
+    lines += ["", *(f"- {launch}: `{' '.join(command)}`" for launch, command in result["commands"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("prefix", type=Path)
+    parser.add_argument("--case", choices=("tiny", "llama8b-shape"), default="tiny")
+    parser.add_argument("--gpus", type=int, choices=(1, 2), default=1, help="GPUs (ranks) per launch (default: 1)")
+    parser.add_argument("--layers", type=int, help="llama8b-shape: layers (default: 4 on one GPU, else all 32)")
+    parser.add_argument("--rounds", type=int, default=2, help="A B, then B A, ... (default: 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="uncounted A B pairs first (default: 1)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one launch may run (default: 300)")
+    parser.add_argument("--runs-dir", type=Path, help="where the launches run (default: PREFIX-runs)")
+    args = parser.parse_args()
+    launches.stop_on_sigterm()
+    recipe, overrides = case_command(args.case, args.gpus, args.layers)
+    commands = {"A": launches.ours(recipe, *overrides), "B": launches.upstream(recipe, *overrides, gpus=args.gpus)}
+    result = {**launches.result_header(args.case, args.gpus, commands), "goal": 1.03, "runs": []}
+    runs_dir = args.runs_dir or args.prefix.parent / f"{args.prefix.name}-runs"
+    order = [(None, launch) for _ in range(args.warmup) for launch in "AB"] + launches.ab_rounds(args.rounds)
+    launches.fix_dataset_helpers()
+    for index, (round_index, launch) in enumerate(order):
+        env = {"GPUS_PER_NODE": str(args.gpus)}
+        finished = launches.run(result["commands"][launch], runs_dir / f"{index}-{launch}", args.timeout, env)
+        mark = marks(finished.lines)
+        row = {"round": round_index, "launch": launch, "returncode": finished.returncode, "wall_s": finished.wall_s}
+        result["runs"].append(row | {"marks": mark, "phases": phase_seconds(mark), "first_step_s": mark["first step"]})
+        result["first_step_a_over_b"] = launches.per_round(result["runs"], "first_step_s")
+        result["breakdown"] = breakdown(result["runs"])
+        print({k: v for k, v in result["runs"][-1].items() if k != "phases"}, flush=True)
+        table = report.write(args.prefix, result, markdown)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""What the launch benchmarks share: the two launches they compare, one launch run to its end with every console line
+timed as it arrives, and the numbers Megatron Bridge wrote to TensorBoard during it.
+
+A is our launch, `srun.sh --local`. B is the upstream one: torchrun running bench/upstream_pretrain.py, which builds
+the same recipe with the same overrides and calls Megatron Bridge's pretrain. Each launch runs in a directory of its
+own, its working directory and OUTPUT_ROOT: upstream recipes write TensorBoard below the working directory and
+entrypoint.py writes it into the run directory below OUTPUT_ROOT, so either way the launch's event files are below it.
+"""
+
+import contextlib
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import IO
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from bench import megatron_log, report
+
+REPO = Path(__file__).resolve().parents[1]
+# APEX is not installed; without it Megatron refuses to build the output layer with the fusion on, and the upstream
+# launch does not turn it off by itself (entrypoint.py does).
+NO_FUSION = "model.gradient_accumulation_fusion=false"
+# Every step's time, model TFLOP/s and memory into TensorBoard; no validation (its steps are not training steps).
+MEASURED = (
+    "logger.log_interval=1",
+    "logger.log_timers_to_tensorboard=true",
+    "logger.log_throughput_to_tensorboard=true",
+    "logger.log_memory_to_tensorboard=true",
+    "validation.eval_iters=0",
+    NO_FUSION,
+)
+# TensorBoard tags Megatron Bridge 0.6.2 writes with MEASURED (training/utils/train_utils.py, training_log).
+STEP_TIME_S = "iteration-time"
+TFLOPS_PER_GPU = "throughput/tflops/device"
+PEAK_ALLOCATED_GB = "memory/mem-max-allocated-gigabytes"
+
+
+def ours(recipe: str, *overrides: str) -> list[str]:
+    return [str(REPO / "srun.sh"), "--local", str(REPO / recipe), *overrides]
+
+
+def upstream(recipe: str, *overrides: str, gpus: int, port: int = 29500, plugin: bool = False) -> list[str]:
+    """B; with plugin=True, B plus our VizTracer plugin and nothing else of ours."""
+    script = [str(REPO / "bench" / "upstream_pretrain.py"), *(["--viztracer-plugin"] if plugin else [])]
+    run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", f"--master-port={port}"]
+    return [*run, *script, str(REPO / recipe), *overrides]
+
+
+def ab_rounds(rounds: int) -> list[tuple[int, str]]:
+    """(round, launch) in the order they run: A B, then B A, and so on, so that neither launch always goes first."""
+    return [(index, launch) for index in range(rounds) for launch in ("AB" if index % 2 == 0 else "BA")]
+
+
+def per_round(runs: list[dict], key: str, over: tuple[str, str] = ("A", "B")) -> list[float]:
+    """runs[...][key] of the first launch named in `over` divided by the second's, for each round where both have it."""
+    by_round: dict[int, dict[str, float]] = {}
+    for row in runs:
+        if row.get(key) and row["round"] is not None:
+            by_round.setdefault(row["round"], {})[row["launch"]] = row[key]
+    top, bottom = over
+    return [
+        round(pair[top] / pair[bottom], 4) for _, pair in sorted(by_round.items()) if top in pair and bottom in pair
+    ]
+
+
+def spread(ratios: list[float]) -> str:
+    if not ratios:
+        return "none (no round where both launches got there)"
+    return f"median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)}"
+
+
+@dataclass
+class Finished:
+    returncode: int | str  # the launcher's exit status, or "timeout N s"
+    wall_s: float
+    lines: list[tuple[float, str]]  # every console line, with the seconds after the start at which it arrived
+
+
+def run(command: list[str], directory: Path, timeout_s: float, env: dict[str, str] | None = None) -> Finished:
+    """Run one launch in `directory` until it exits, or stop it (and every rank) after timeout_s or when the benchmark
+    itself is stopped. Its console, each line with its arrival time, goes to directory/console.log too."""
+    directory.mkdir(parents=True, exist_ok=True)
+    # Unbuffered, so that each line arrives when it is printed; both launches get the same environment.
+    environment = {**os.environ, "OUTPUT_ROOT": str(directory / "outputs"), "PYTHONUNBUFFERED": "1", **(env or {})}
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command,
+        cwd=directory,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    arrived: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=timed_lines, args=(process.stdout, started, arrived), daemon=True).start()
+    lines: list[tuple[float, str]] = []
+    deadline = started + timeout_s
+    try:
+        while (line := arrived.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+            lines.append(line)
+        returncode: int | str = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except (queue.Empty, subprocess.TimeoutExpired):
+        stop(process)
+        returncode = f"timeout {timeout_s:g} s"
+    except BaseException:
+        stop(process)
+        raise
+    finally:
+        (directory / "console.log").write_text("".join(f"{at:9.2f}  {text}" for at, text in lines))
+    return Finished(returncode, round(time.monotonic() - started, 1), lines)
+
+
+def timed_lines(stream: IO[str], started: float, arrived: queue.SimpleQueue) -> None:
+    for line in stream:
+        arrived.put((round(time.monotonic() - started, 2), line))
+    arrived.put(None)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM first: srun.sh and torchrun both pass it on and stop their ranks, which run in sessions of their own, so
+    a SIGKILL to the launcher's group would leave them on the GPUs and the port. SIGKILL after a minute."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def scalars(directory: Path) -> dict[str, dict[int, tuple[float, float]]]:
+    """Every scalar Megatron Bridge wrote to TensorBoard below `directory` (its last rank writes them), read with
+    tensorboard's own EventAccumulator: {tag: {step: (wall time, value)}}."""
+    found: dict[str, dict[int, tuple[float, float]]] = {}
+    for events in sorted({path.parent for path in directory.rglob("events.out.tfevents.*")}):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})  # 0: keep every event
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            found.setdefault(tag, {}).update({e.step: (e.wall_time, e.value) for e in accumulator.Scalars(tag)})
+    return found
+
+
+def values(found: dict, tag: str) -> dict[int, float]:
+    return {step: value for step, (_, value) in found.get(tag, {}).items()}
+
+
+def steady_median(per_step: dict[int, float]) -> float | None:
+    return megatron_log.steady_median(per_step, megatron_log.WARMUP_STEPS)
+
+
+def hardware() -> str:
+    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    try:
+        gpus = subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip().splitlines()
+    except FileNotFoundError:
+        return "no nvidia-smi"
+    return f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU"
+
+
+def result_header(case: str, gpus: int, commands: dict[str, list[str]]) -> dict:
+    """What every benchmark result starts with: the case, when, on what, and the two launch commands."""
+    return {
+        "case": case,
+        "date": report.timestamp(),
+        "hardware": hardware(),
+        "gpus": gpus,
+        "versions": versions(),
+        "commands": commands,
+    }
+
+
+def versions() -> str:
+    packages = ("torch", "megatron-core", "megatron-bridge", "transformer-engine")
+    return ", ".join(f"{package} {metadata.version(package)}" for package in packages)
+
+
+def fix_dataset_helpers() -> None:
+    """Like run_gpu_suite.sh: a pip-installed megatron-core needs this once, or rank 0 exits at start-up."""
+    fix = ["bash", str(REPO / "tools" / "fix_dataset_helpers.sh")]
+    subprocess.run(fix, env={**os.environ, "PYTHON": sys.executable}, check=True)
+
+
+def stop_on_sigterm() -> None:
+    """`timeout` and the device's limit send SIGTERM: end through run()'s stop of the launch in flight."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
