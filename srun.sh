@@ -106,28 +106,30 @@ parse_args() {
   RECIPE=$1
   shift
   OVERRIDES=("$@")
-  local arg option nsys_switch_given=0 exit_switch_given=0 loader_switch_given=0
+  local arg option
   for arg in "${OVERRIDES[@]}"; do
     for option in "${OPTIONS[@]}"; do
       [[ $arg != "$option" ]] ||
         die "option $arg comes after the recipe: put it first, as in ./srun.sh $arg $(q "$RECIPE") ..."
     done
-    [[ $arg == profiling.use_nsys_profiler=* ]] && nsys_switch_given=1
-    [[ $arg == train.exit_signal_handler=* ]] && exit_switch_given=1
-    [[ $arg == train.exit_signal_handler_for_dataloader=* ]] && loader_switch_given=1
   done
   # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this switch on.
-  if ((USE_NSYS && !nsys_switch_given)); then
-    OVERRIDES+=(profiling.use_nsys_profiler=true)
-  fi
+  ((!USE_NSYS)) || default_override profiling.use_nsys_profiler=true
   # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default. Its
   # data loader workers get the same SIGTERM and need the handler too, or their death fails the rank before it saves.
-  if ((BATCH_JOB && !exit_switch_given)); then
-    OVERRIDES+=(train.exit_signal_handler=true)
+  if ((BATCH_JOB)); then
+    default_override train.exit_signal_handler=true
+    default_override train.exit_signal_handler_for_dataloader=true
   fi
-  if ((BATCH_JOB && !loader_switch_given)); then
-    OVERRIDES+=(train.exit_signal_handler_for_dataloader=true)
-  fi
+}
+
+# NAME=VALUE added to the overrides, unless the user set NAME.
+default_override() {
+  local arg
+  for arg in "${OVERRIDES[@]}"; do
+    [[ $arg != "${1%%=*}="* ]] || return 0
+  done
+  OVERRIDES+=("$1")
 }
 
 # GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files.
@@ -318,7 +320,7 @@ resolve_job() {
     RUN_ID=$(new_run_id)
     [[ ! -e $RUN_ROOT/$RUN_ID ]] || RUN_ID+=-$$
   fi
-  RUN_DIR=$RUN_ROOT/$RUN_ID
+  HOST_RUN_DIR=$RUN_ROOT/$RUN_ID # RUN_DIR as this host sees it; the ranks get theirs from export_rank_env
   LOCAL_WORLD_SIZE=$GPUS_PER_NODE
   if ((LOCAL)); then
     HOSTS=("$(uname -n)")
@@ -340,7 +342,7 @@ resolve_job() {
   fi
   if [[ -z $MASTER_PORT ]]; then
     local checksum
-    checksum=$(cksum <<<"$RUN_DIR")
+    checksum=$(cksum <<<"$HOST_RUN_DIR")
     MASTER_PORT=$((20000 + ${checksum%% *} % 12768)) # below Linux's ephemeral range (32768+)
   fi
   WORLD_SIZE=$((${#HOSTS[@]} * GPUS_PER_NODE))
@@ -521,7 +523,7 @@ launch_local() {
 # Which rank failed first, on which host, with which status, and the end of its log; or the one-line config error
 # that every rank found. Ranks that the launcher stopped (SIGINT, SIGTERM, SIGKILL) sort after one that failed.
 report_failure() {
-  local logs=$RUN_DIR/logs file status when host stopped rank line
+  local logs=$HOST_RUN_DIR/logs file status when host stopped rank line
   if [[ -s $logs/usage-error ]]; then
     cat -- "$logs/usage-error" >&2
     FIRST_STATUS=2
@@ -574,11 +576,11 @@ main() {
     exit 0
   fi
 
-  (umask 077 && mkdir -p -- "$RUN_DIR/logs")
-  rm -f -- "$RUN_DIR"/logs/rank-*.status "$RUN_DIR/logs/usage-error"
+  (umask 077 && mkdir -p -- "$HOST_RUN_DIR/logs")
+  rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status "$HOST_RUN_DIR/logs/usage-error"
   local how="new run"
   ((RESUMING)) && how="resuming run"
-  echo "# srun.sh: ${#HOSTS[@]} node(s) x $GPUS_PER_NODE rank(s), $how $RUN_ID in $RUN_DIR," \
+  echo "# srun.sh: ${#HOSTS[@]} node(s) x $GPUS_PER_NODE rank(s), $how $RUN_ID in $HOST_RUN_DIR," \
     "master $MASTER_ADDR:$MASTER_PORT; each rank runs:" >&2
   quoted "${python_cmd[@]}" >&2
 

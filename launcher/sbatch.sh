@@ -111,7 +111,7 @@ save_before_time_limit() {
 # it then resumes run RUN_ID from its latest checkpoint. SIGTERM to the job (scancel, preemption) requeues nothing:
 # SLURM requeues a preempted job itself.
 requeue_batch_job() {
-  local status=$1 history=$RUN_DIR/logs/requeues.log reason failures
+  local status=$1 history=$HOST_RUN_DIR/logs/requeues.log reason failures
   if ((TIME_LIMIT_REACHED)); then
     reason="saved before the time limit (exit status $status)"
   elif ((status)) && [[ -z $STOPPED_BY ]]; then
