@@ -243,8 +243,6 @@ validate() {
     die "recipe $(q "$RECIPE") is not a readable file:" "check the path (relative to $(q "$PWD"))"
   CPUS_PER_RANK=''
   if ((SUBMITTING)); then
-    [[ -z $GPUS_PER_NODE ]] || is_positive_int "$GPUS_PER_NODE" ||
-      die "GPUS_PER_NODE=$(q "$GPUS_PER_NODE") is not a positive integer:" "set it to the GPUs per node, or unset it"
     GPUS_PER_NODE=${GPUS_PER_NODE:-8} # only for the checks here: the job takes its own from its allocation
   elif ((LOCAL)); then
     local visible

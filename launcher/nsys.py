@@ -30,6 +30,7 @@ PROFILE_ARGS = (
 )
 # Set in the process nsys starts, so it does not start nsys again.
 UNDER_NSYS = "SRUN_SH_UNDER_NSYS"
+HOST = socket.gethostname().split(".")[0]
 
 
 def profile_command(cfg: ConfigContainer, argv: list[str]) -> list[str] | None:
@@ -39,8 +40,7 @@ def profile_command(cfg: ConfigContainer, argv: list[str]) -> list[str] | None:
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if rank not in profiled_ranks(cfg, world_size):
         return None
-    host = socket.gethostname().split(".")[0]
-    report = Path(os.environ.get("RUN_DIR", ".")) / "nsys" / f"profile-{host}-rank{rank}"
+    report = Path(os.environ.get("RUN_DIR", ".")) / "nsys" / f"profile-{HOST}-rank{rank}"
     return [os.environ.get("NSYS", "nsys"), *PROFILE_ARGS, "-o", str(report), sys.executable, *argv]
 
 
@@ -51,7 +51,6 @@ def exec_under_nsys(command: list[str]) -> None:
     try:
         os.execvp(command[0], command)
     except FileNotFoundError:
-        host = socket.gethostname().split(".")[0]
         raise UsageError(
-            f"--nsys needs nsys, but NSYS={command[0]!r} is not found on {host}: install it in the image or set NSYS"
+            f"--nsys needs nsys, but NSYS={command[0]!r} is not found on {HOST}: install it in the image or set NSYS"
         ) from None

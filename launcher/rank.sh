@@ -34,9 +34,10 @@ label_and_log() {
 }
 
 exec_rank() {
-  [[ -n ${RUN_DIR:-} ]] || die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
+  # Started by srun.sh: it set RUN_DIR, and either RANK (--local) or the task is a step of SLURM's.
+  [[ -n ${RUN_DIR:-} && (-n ${RANK:-} || -n ${SLURM_STEP_ID:-}) ]] ||
+    die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
   if [[ -z ${RANK:-} ]]; then
-    [[ -n ${SLURM_STEP_ID:-} ]] || die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
     RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID # SLURM's task ids become torch.distributed's
   fi
   export RANK LOCAL_RANK
