@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # The rank side of srun.sh: `srun.sh --rank-exec COMMAND...` runs once per rank, started by srun in every task (or by
-# srun.sh --local). It gives the rank its torch.distributed identity, checks that the rank has a GPU, keeps its output
-# in RUN_DIR/logs/rank-RANK.log beside the labelled console, and records how it ended for srun.sh's failure report.
-# Sourced by srun.sh, whose variables and helpers (die, visible_gpus) it uses.
+# torchrun with --local). It gives the rank its torch.distributed identity, checks that the rank has a GPU, keeps its
+# output in RUN_DIR/logs/rank-RANK.log beside the labelled console, and records how it ended for srun.sh's failure
+# report. Sourced by srun.sh, whose variables and helpers (die, visible_gpus) it uses.
 
 # A rank that cannot start says why in one line and leaves its status for srun.sh's report.
 rank_fails() {
@@ -26,15 +26,16 @@ export_gloo_interface() {
   [[ -z $interface ]] || export GLOO_SOCKET_IFNAME=$interface
 }
 
-# Console lines get the rank as label; the rank's log gets them as they are. Both outlive a SIGTERM to the step, so
-# the rank's last words are kept.
+# Console lines get the rank as label; the rank's log gets them as they are, each line in one write, so that a line of
+# stdout and one of stderr never splice in the log (an unbuffered python writes a line's text and its newline apart).
+# Both outlive a SIGTERM to the step, so the rank's last words are kept.
 label_and_log() {
   trap '' INT TERM
-  tee -a "$1" | sed -u "s/^/$RANK: /"
+  sed -u '' | tee -a "$1" | sed -u "s/^/$RANK: /"
 }
 
 exec_rank() {
-  # Started by srun.sh: it set RUN_DIR, and either RANK (--local) or the task is a step of SLURM's.
+  # Started by srun.sh: it set RUN_DIR, and either torchrun set RANK (--local) or the task is a step of SLURM's.
   [[ -n ${RUN_DIR:-} && (-n ${RANK:-} || -n ${SLURM_STEP_ID:-}) ]] ||
     die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
   if [[ -z ${RANK:-} ]]; then
@@ -58,7 +59,7 @@ exec_rank() {
   log_pids+=("$!")
   exec {err}> >(label_and_log "$RUN_DIR/logs/rank-$RANK.log" >&2)
   log_pids+=("$!")
-  # The rank is this shell's only child, in the foreground: a signal reaches it directly (srun and srun.sh signal
+  # The rank is this shell's only child, in the foreground: a signal reaches it directly (srun and torchrun signal
   # every process of the rank), and this shell outlives the signal to record how the rank ended. The report of
   # the signal that bash would print goes nowhere: srun.sh names the first failure itself.
   trap : INT TERM

@@ -6,22 +6,15 @@
 # Seconds of a SLURM time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); nothing for UNLIMITED or a form that sbatch
 # refuses by itself.
 time_limit_seconds() {
-  local value=$1 days=0 h=0 m=0 s=0
-  local -a f
-  [[ $value =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ ]] || return 0
-  if [[ $value == *-* ]]; then
-    days=${value%%-*}
-    IFS=: read -ra f <<<"${value#*-}"
-    h=${f[0]} m=${f[1]:-0} s=${f[2]:-0}
-  else
-    IFS=: read -ra f <<<"$value"
-    case ${#f[@]} in
-      1) m=${f[0]} ;;
-      2) m=${f[0]} s=${f[1]} ;;
-      *) h=${f[0]} m=${f[1]} s=${f[2]} ;;
-    esac
+  [[ $1 =~ ^(([0-9]+)-)?([0-9]+)(:([0-9]+))?(:([0-9]+))?$ ]] || return 0
+  local days=${BASH_REMATCH[2]:-0} first=${BASH_REMATCH[3]} second=${BASH_REMATCH[5]:-0} third=${BASH_REMATCH[7]:-0}
+  if [[ -n ${BASH_REMATCH[1]} ]]; then # D-H[:M[:S]]
+    echo $((((10#$days * 24 + 10#$first) * 60 + 10#$second) * 60 + 10#$third))
+  elif [[ -n ${BASH_REMATCH[6]} ]]; then # H:M:S
+    echo $(((10#$first * 60 + 10#$second) * 60 + 10#$third))
+  else # M[:S]
+    echo $((10#$first * 60 + 10#$second))
   fi
-  echo $((((10#$days * 24 + 10#$h) * 60 + 10#$m) * 60 + 10#$s))
 }
 
 # The time limit among sbatch options (the last one wins, as in sbatch), else $SBATCH_TIMELIMIT.
@@ -96,9 +89,15 @@ submit_batch() {
   exit 0
 }
 
+# SLURM signals USR1 SAVE_LEAD_S before the time limit (sbatch --signal=B:USR1@SAVE_LEAD_S).
+trap_time_limit() {
+  TIME_LIMIT_REACHED=0
+  trap save_before_time_limit USR1
+}
+
 # The batch job is SAVE_LEAD_S from its time limit (sbatch --signal=B:USR1): every rank gets SIGTERM, on which
 # Megatron Bridge saves a checkpoint and stops; the job then requeues itself.
-# shellcheck disable=SC2329  # invoked by the trap that trap_stop_signals sets
+# shellcheck disable=SC2329  # invoked by the trap that trap_time_limit sets
 save_before_time_limit() {
   TIME_LIMIT_REACHED=1
   echo "srun.sh: job $SLURM_JOB_ID reaches its time limit in ${SAVE_LEAD_S}s: SIGTERM to every rank to save and stop" >&2

@@ -23,20 +23,21 @@ def lines_starting(output: str, prefix: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith(prefix)]
 
 
-def test_dry_run_local_prints_rank_commands_that_run_unchanged_when_pasted(srun_world: SrunWorld):
+def test_dry_run_local_prints_a_torchrun_command_that_runs_unchanged_when_pasted(srun_world: SrunWorld):
     result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", *HOSTILE_ARGS, env={"GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
     assert srun_world.calls() == []
     assert srun_world.run_dirs() == []
     exports = lines_starting(result.stdout, "export ")
-    rank_lines = lines_starting(result.stdout, "env RANK=")
-    assert len(rank_lines) == 2
-    assert all(line.startswith("#") or line in exports + rank_lines for line in result.stdout.splitlines())
+    (launch_line,) = [line for line in result.stdout.splitlines() if not line.startswith(("#", "export "))]
+    words = bash_words(launch_line)
+    assert words[1:3] == [b"-m", b"torch.distributed.run"]
+    assert b"--nproc-per-node=2" in words
 
-    # Paste the environment and both rank commands into a fresh bash: the ranks must see exactly the arguments.
-    pasted = "\n".join([*exports, *(line + " &" for line in rank_lines), "wait"])
-    subprocess.run(["bash", "-c", pasted], cwd=srun_world.dir, env=srun_world.env, check=True, timeout=30)
+    # Paste the environment and the launch command into a fresh bash: the ranks must see exactly the arguments.
+    pasted = "\n".join([*exports, launch_line])
+    subprocess.run(["bash", "-c", pasted], cwd=srun_world.dir, env=srun_world.env, check=True, timeout=60)
     records = srun_world.records()
     assert sorted(records) == [0, 1]
     for rank, record in records.items():

@@ -5,6 +5,7 @@ CUDA_VISIBLE_DEVICES stands in for the GPUs, and tests/fixtures/fake_python for 
 import os
 import re
 import signal
+import sys
 
 import pytest
 
@@ -60,6 +61,21 @@ def test_each_rank_has_a_log_of_its_own_and_labelled_console_lines(srun_world: S
     for rank in (0, 1):
         assert (run_dir / "logs" / f"rank-{rank}.log").read_text() == f"rank {rank} started\n"
     assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_line_written_in_two_parts_stays_whole_in_the_rank_log(srun_world: SrunWorld):
+    """An unbuffered python writes a line's text and its newline apart; a stderr line in between must not splice."""
+    rank = srun_world.dir / "rank-writing-in-parts"
+    torchrun = f'[ "$1" = -m ] && exec {sys.executable} "$@"'  # torchrun is this interpreter's
+    rank.write_text(f"#!/bin/sh\n{torchrun}\nprintf half; sleep 0.5; echo 'err line' >&2; sleep 0.5; echo ' done'\n")
+    rank.chmod(0o755)
+    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1", "PYTHON": str(rank)})
+
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = srun_world.run_dirs()
+    assert (run_dir / "logs" / "rank-0.log").read_text() == "err line\nhalf done\n"
+    assert "0: half done" in result.stdout.splitlines()
+    assert "0: err line" in result.stderr.splitlines()
 
 
 def test_network_defaults_reach_ranks_but_user_values_win_and_cuda_connections_stay_unset(srun_world: SrunWorld):
@@ -133,6 +149,24 @@ def test_failing_local_rank_stops_the_others_and_srun_sh_exits_with_its_status(s
     assert sorted(records) == [0, 1, 2, 3]
     assert wait_gone([record["pid"] for record in records.values()], timeout=1)
     assert srun_world.signals_seen() == {0: ["SIGTERM"], 1: ["SIGTERM"], 3: ["SIGTERM"]}
+    # torchrun's own failure report goes to the run's launcher.log, not between srun.sh's lines.
+    assert "ChildFailedError" not in result.stderr
+    (run_dir,) = srun_world.run_dirs()
+    assert "ChildFailedError" in (run_dir / "logs" / "launcher.log").read_text()
+
+
+def test_python_that_cannot_run_torchrun_is_reported_with_the_end_of_the_launcher_log(srun_world: SrunWorld):
+    no_torch = srun_world.dir / "python-without-torch"
+    no_torch.write_text('#!/bin/sh\necho "No module named torch ($*)" >&2\nexit 1\n')
+    no_torch.chmod(0o755)
+    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "2", "PYTHON": str(no_torch)})
+
+    assert result.returncode == 1
+    (run_dir,) = srun_world.run_dirs()
+    *_, header, last = result.stderr.splitlines()
+    assert header == f"srun.sh: the launch failed before any rank ended; the end of {run_dir}/logs/launcher.log:"
+    assert last.startswith("    No module named torch (-m torch.distributed.run ")
+    assert srun_world.calls() == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -1,0 +1,161 @@
+# shellcheck shell=bash disable=SC2034  # what validate sets (CODE_DIR, RUN_ROOT, ...) srun.sh reads
+# srun.sh's checks on the launching host, before anything starts: the recipe, the knobs, the allocation (GPUs, CPUs,
+# a homogeneous job) and the container mounts. Each problem is one line from die(), exit 2. Sourced by srun.sh.
+
+# GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files.
+visible_gpus() {
+  local -a ids=()
+  if [[ -v CUDA_VISIBLE_DEVICES ]]; then
+    IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
+    local id count=0
+    for id in "${ids[@]}"; do
+      [[ -n $id ]] && count=$((count + 1))
+    done
+    echo "$count"
+  else
+    { compgen -G '/dev/nvidia[0-9]*' || true; } | wc -l
+  fi
+}
+
+# The fewest CPUs any node of the job has, from SLURM_JOB_CPUS_PER_NODE ("96(x2),48").
+min_cpus_per_node() {
+  local -a entries
+  local entry cpus min=''
+  IFS=, read -ra entries <<<"$1"
+  for entry in "${entries[@]}"; do
+    cpus=${entry%%(*}
+    if [[ -z $min ]] || ((cpus < min)); then
+      min=$cpus
+    fi
+  done
+  printf '%s\n' "$min"
+}
+
+# Longest MOUNT entry whose source holds PATH: prints PATH's name inside the container, or fails.
+container_path() {
+  local path=$1 best_src='' best_dst='' entry src dst rest
+  local -a entries
+  IFS=, read -ra entries <<<"$MOUNT"
+  for entry in "${entries[@]}"; do
+    IFS=: read -r src dst rest <<<"$entry"
+    src=$(realpath -m -- "$src")
+    if [[ ($path == "$src" || $path == "$src"/* || $src == /) && ${#src} -gt ${#best_src} ]]; then
+      best_src=$src best_dst=$dst
+    fi
+  done
+  [[ -n $best_src ]] || return 1
+  if [[ $best_src == / ]]; then
+    printf '%s\n' "${best_dst%/}$path"
+  else
+    printf '%s\n' "$best_dst${path#"$best_src"}"
+  fi
+}
+
+validate_mounts() {
+  local -a entries
+  local entry src dst rest
+  IFS=, read -ra entries <<<"$MOUNT"
+  for entry in "${entries[@]}"; do
+    IFS=: read -r src dst rest <<<"$entry"
+    if [[ -z $src || $dst != /* || $rest == *:* ]]; then
+      die "MOUNT entry $(q "$entry") is not SRC:DST[:FLAGS] with an absolute DST:" \
+        "fix MOUNT, e.g. MOUNT=$(q "$REPO_DIR:/workspace/megatron")"
+    fi
+    [[ -e $src ]] || die "MOUNT source $(q "$src") does not exist on this host: create it or drop it from MOUNT"
+  done
+}
+
+# PATH's name in the container, or a one-line error naming WHAT could not be seen there.
+in_container() {
+  local what=$1 path=$2
+  container_path "$path" ||
+    die "$what $(q "$path") is outside every MOUNT source, so the ranks cannot see it:" \
+      "add its directory to MOUNT (now $(q "$MOUNT"))"
+}
+
+validate_local_gpus() {
+  local visible
+  visible=$(visible_gpus)
+  ((visible > 0)) || [[ -n $GPUS_PER_NODE ]] ||
+    die "--local found no GPU (CUDA_VISIBLE_DEVICES, /dev/nvidia*):" "run it on a GPU host or set CUDA_VISIBLE_DEVICES"
+  GPUS_PER_NODE=${GPUS_PER_NODE:-$visible}
+  if is_positive_int "$GPUS_PER_NODE" && ((GPUS_PER_NODE > visible)); then
+    die "GPUS_PER_NODE=$GPUS_PER_NODE but this host shows $visible GPU(s):" \
+      "lower GPUS_PER_NODE or widen CUDA_VISIBLE_DEVICES"
+  fi
+}
+
+validate_slurm_allocation() {
+  if [[ -z ${SLURM_JOB_ID:-} ]]; then
+    ((DRY_RUN)) || die "not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run"
+    GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+    return 0
+  fi
+  [[ -z ${SLURM_HET_SIZE:-} ]] ||
+    die "job $SLURM_JOB_ID is heterogeneous ($SLURM_HET_SIZE components), which srun.sh cannot place ranks in:" \
+      "allocate one set of identical nodes"
+  local allocated=${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-}} # "4" or "h100:4"
+  allocated=${allocated##*:}
+  GPUS_PER_NODE=${GPUS_PER_NODE:-${allocated:-8}}
+  is_positive_int "$GPUS_PER_NODE" || return 0 # reported by validate
+  if [[ -n $allocated ]] && ((GPUS_PER_NODE > allocated)); then
+    die "GPUS_PER_NODE=$GPUS_PER_NODE but job $SLURM_JOB_ID has $allocated GPU(s) a node:" \
+      "set GPUS_PER_NODE=$allocated or allocate more (salloc --gpus-per-node=$GPUS_PER_NODE)"
+  fi
+  local cpus
+  cpus=$(min_cpus_per_node "${SLURM_JOB_CPUS_PER_NODE:-}")
+  if [[ -n $cpus ]] && ((cpus < GPUS_PER_NODE)); then
+    die "job $SLURM_JOB_ID has $cpus CPU(s) on a node for $GPUS_PER_NODE ranks a node:" \
+      "allocate whole nodes (salloc --exclusive) or at least --ntasks-per-node=$GPUS_PER_NODE"
+  fi
+  CPUS_PER_RANK=${cpus:+$((cpus / GPUS_PER_NODE))}
+  command -v srun >/dev/null || ((DRY_RUN)) ||
+    die "srun is not found on this host:" "run srun.sh where SLURM's client commands are"
+}
+
+# Where the ranks find the code, the recipe and the run directory: through MOUNT in the container, else as here.
+validate_paths() {
+  local recipe_abs
+  recipe_abs=$(realpath -- "$RECIPE")
+  RUN_ROOT=$(realpath -m -- "$OUTPUT_ROOT")/$(basename -- "$RECIPE" .py)
+  if ((USE_CONTAINER)); then
+    [[ -f $SQSH ]] || die "image SQSH=$(q "$SQSH") does not exist:" "build it with 'make build' or point SQSH at one"
+    validate_mounts
+    # The ranks run this checkout's code, not the copy baked into the image, so recipe and code always match.
+    CODE_DIR=$(in_container "this checkout" "$REPO_DIR")
+    RECIPE_ARG=$(in_container "recipe" "$recipe_abs")
+    RUN_ROOT_IN=$(in_container "OUTPUT_ROOT" "$RUN_ROOT")
+    TASK_WORKDIR=$(container_path "$(pwd -P)") || TASK_WORKDIR=$CODE_DIR
+  else
+    command -v "$PYTHON" >/dev/null ||
+      die "PYTHON=$(q "$PYTHON") is not found on this host:" "install it or set PYTHON=/path/to/python"
+    if ((USE_NSYS)) && ! command -v "$NSYS" >/dev/null; then
+      die "--nsys needs nsys, but NSYS=$(q "$NSYS") is not found:" "install Nsight Systems or set NSYS=/path/to/nsys"
+    fi
+    CODE_DIR=$REPO_DIR RECIPE_ARG=$RECIPE RUN_ROOT_IN=$RUN_ROOT
+  fi
+}
+
+validate() {
+  [[ -f $RECIPE && -r $RECIPE ]] ||
+    die "recipe $(q "$RECIPE") is not a readable file:" "check the path (relative to $(q "$PWD"))"
+  CPUS_PER_RANK=''
+  if ((SUBMITTING)); then
+    GPUS_PER_NODE=${GPUS_PER_NODE:-8} # only for the checks here: the job takes its own from its allocation
+  elif ((LOCAL)); then
+    validate_local_gpus
+  else
+    validate_slurm_allocation
+  fi
+  is_positive_int "$GPUS_PER_NODE" ||
+    die "GPUS_PER_NODE=$(q "$GPUS_PER_NODE") is not a positive integer:" \
+      "set it to the GPUs per node, e.g. GPUS_PER_NODE=8"
+  if [[ -n $MASTER_PORT ]] && ! { is_positive_int "$MASTER_PORT" && ((MASTER_PORT <= 65535)); }; then
+    die "MASTER_PORT=$(q "$MASTER_PORT") is not a port number:" "set 1-65535 or leave it unset"
+  fi
+  if [[ -n $RUN_ID && ! ($RUN_ID =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$) ]]; then
+    die "RUN_ID=$(q "$RUN_ID") is not a run name:" "use letters, digits, '.', '_' and '-', as in 4242-20261130-101500"
+  fi
+  read -ra SRUN_EXTRA <<<"$SRUN_EXTRA_ARGS"
+  validate_paths
+}
