@@ -105,13 +105,16 @@ report_failure() {
   done | sort -k1,1n -k2,2g | head -n 1)
   if [[ -z $line ]]; then
     [[ -s $logs/launcher.log ]] || return 1
-    echo "srun.sh: the launch failed before any rank ended; the end of $logs/launcher.log:" >&2
-    tail -n 20 -- "$logs/launcher.log" | sed 's/^/    /' >&2
+    show_log_end "srun.sh: the launch failed before any rank ended;" "$logs/launcher.log"
     return 1
   fi
   read -r stopped when rank FIRST_STATUS host <<<"$line"
-  echo "srun.sh: rank $rank on $host failed first, with exit status $FIRST_STATUS; the end of" \
-    "$logs/rank-$rank.log:" >&2
-  tail -n 20 -- "$logs/rank-$rank.log" | sed 's/^/    /' >&2
+  show_log_end "srun.sh: rank $rank on $host failed first, with exit status $FIRST_STATUS;" "$logs/rank-$rank.log"
+}
+
+# HEADLINE "the end of LOG:", then LOG's last 20 lines, indented, on stderr.
+show_log_end() {
+  echo "$1 the end of $2:" >&2
+  tail -n 20 -- "$2" | sed 's/^/    /' >&2
 }
 

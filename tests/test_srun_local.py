@@ -4,6 +4,7 @@ CUDA_VISIBLE_DEVICES stands in for the GPUs, and tests/fixtures/fake_python for 
 
 import os
 import re
+import shlex
 import signal
 import sys
 
@@ -66,7 +67,7 @@ def test_each_rank_has_a_log_of_its_own_and_labelled_console_lines(srun_world: S
 def test_a_line_written_in_two_parts_stays_whole_in_the_rank_log(srun_world: SrunWorld):
     """An unbuffered python writes a line's text and its newline apart; a stderr line in between must not splice."""
     rank = srun_world.dir / "rank-writing-in-parts"
-    torchrun = f'[ "$1" = -m ] && exec {sys.executable} "$@"'  # torchrun is this interpreter's
+    torchrun = f'[ "$1" = -m ] && exec {shlex.quote(sys.executable)} "$@"'  # torchrun is this interpreter's
     rank.write_text(f"#!/bin/sh\n{torchrun}\nprintf half; sleep 0.5; echo 'err line' >&2; sleep 0.5; echo ' done'\n")
     rank.chmod(0o755)
     result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1", "PYTHON": str(rank)})
