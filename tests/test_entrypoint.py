@@ -355,6 +355,16 @@ def test_launch_record_keeps_only_known_variables_and_no_credentials(
         assert secret not in text
 
 
+def test_launch_record_names_the_allocations_job_not_srun_sh_step(output_root: Path, monkeypatch: pytest.MonkeyPatch):
+    """Inside srun.sh's step SLURM_JOB_NAME is the step's --job-name; srun.sh passes the job's own name on."""
+    monkeypatch.setenv("SLURM_JOB_NAME", "srunsh-4242-20261201-101500")
+    monkeypatch.setenv("SRUN_SH_JOB_NAME", "llama-pretraining")
+    run_dir = output_root / "tiny_gpt_pretrain" / "test-run"
+    entrypoint.outputs.save_run_record(resolve(TINY), run_dir)
+    environment = json.loads((run_dir / "launch.json").read_text())["environment"]
+    assert environment["SLURM_JOB_NAME"] == "llama-pretraining"
+
+
 def test_run_record_is_readable_by_its_owner_only(output_root: Path):
     """Run directories often sit on a file system every user of the cluster mounts."""
     run_dir = output_root / "tiny_gpt_pretrain" / "test-run"

@@ -13,6 +13,7 @@ import pytest
 
 from tests import hf_models
 from tests.conftest import REPO
+from tests.srun_world import SQUASHFS_MAGIC
 
 README = (REPO / "README.md").read_text()
 EXAMPLE = re.compile(r"^    ((?:salloc -N \d+(?: --\S+)* )?\./srun\.sh .*|PYTHON=\S+ \./srun\.sh .*)$", re.MULTILINE)
@@ -63,7 +64,7 @@ def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Pat
     if recipe in HUB_RECIPES and not any(a.startswith("hf_path=") for a in arguments):
         arguments.append(f"hf_path={hf_dir(HUB_RECIPES[recipe])}")
     sqsh = tmp_path / "megatron-lm+latest.sqsh"
-    sqsh.touch()
+    sqsh.write_bytes(SQUASHFS_MAGIC)
     env = {
         **os.environ,
         "SQSH": str(sqsh),
