@@ -702,3 +702,21 @@ def test_make_lint_runs_ruff_shellcheck_and_hadolint_once_the_venv_exists(checko
     assert commands[:2] == [".venv/bin/ruff check .", ".venv/bin/ruff format --check ."]
     assert commands[2].startswith(".venv/bin/shellcheck ") and "./enroot.sh" in commands[2].split()
     assert commands[3] == ".venv/bin/hadolint Dockerfile"
+
+
+def aws_ofi_nccl_step(dockerfile: str) -> str:
+    return next(rest for name, rest in dockerfile_instructions(dockerfile) if name == "RUN" and "./configure" in rest)
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "ok"),
+    [(REPO / "Dockerfile", True), (STANDINS / "before-issue-25" / "Dockerfile", False)],
+    ids=["today", "before-issue-25"],
+)
+def test_aws_ofi_nccl_is_built_with_gdrcopy_and_the_step_proves_it(dockerfile: Path, ok: bool):
+    """Without GDRCopy, aws-ofi-nccl's GIN refuses to start (src/rdma/gin/nccl_ofi_gin_api.cpp); configure finds it
+    only where it is told to look (m4/check_pkg_gdrcopy.m4), so the step must say where and check what configure
+    found."""
+    step = aws_ofi_nccl_step(dockerfile.read_text())
+    built_with_gdrcopy = "--with-gdrcopy=/opt/gdrcopy" in step and "HAVE_GDRCOPY HAVE_DECL_GDR_PIN_BUFFER_V2" in step
+    assert built_with_gdrcopy == ok
