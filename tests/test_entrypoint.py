@@ -200,6 +200,26 @@ def test_moe_expert_parallel_must_divide_the_ranks(output_root: Path, hf_dir: Ca
         resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "model.expert_tensor_parallel_size=8", "--world-size", "8")
 
 
+def test_deepep_on_two_ranks_is_checked_by_megatron_before_any_gpu(output_root: Path, hf_dir: Callable[[str], Path]):
+    """Megatron Bridge's validate() asks the GPU's architecture for DeepEP only as its last check (which a host without
+    a GPU skips); Megatron's own checks before it run here: the GPU suite's EP=2 DeepEP shape is accepted, a DeepEP
+    combination Megatron cannot run is refused before launch."""
+    recipe = str(REPO / "recipes" / "deepseek_v2_lite_pretrain.py")
+    two_gpus = (
+        f"hf_path={hf_dir('deepseek_v2')}",
+        "model.tensor_model_parallel_size=1",
+        "model.sequence_parallel=false",
+        "moe_token_dispatcher_type=deepep",
+        "--world-size",
+        "2",
+    )
+    cfg = resolve(recipe, *two_gpus)
+    assert (cfg.model.moe_token_dispatcher_type, cfg.model.moe_flex_dispatcher_backend) == ("flex", "deepep")
+    padded = ("model.moe_pad_expert_input_to_capacity=true", "model.moe_expert_capacity_factor=1.0")
+    with pytest.raises(UsageError, match="deepep backend does not support moe_pad_expert_input_to_capacity"):
+        resolve(recipe, *two_gpus, *padded)
+
+
 def test_expert_tensor_parallel_is_1_when_unset_with_expert_parallel_as_in_megatron_bridge(
     output_root: Path, hf_dir: Callable[[str], Path]
 ):

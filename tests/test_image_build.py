@@ -89,7 +89,7 @@ def test_dockerfile_passes_hadolint():
 
 
 def shell_scripts() -> list[Path]:
-    skip = {".venv", ".git", ".devkit"}
+    skip = {".venv", ".git", ".devkit", ".deepep"}
     return sorted(p for p in REPO.rglob("*.sh") if not skip & set(p.relative_to(REPO).parts))
 
 
