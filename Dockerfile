@@ -187,9 +187,9 @@ RUN gencode="" \
     && mkdir -p /opt/nccl-tests && mv /tmp/nccl-tests/build /opt/nccl-tests/build \
     && rm -rf /tmp/nccl-tests
 
-# DeepEP at a full commit, fetched by its hash (a short hash can become ambiguous) with its submodules, and built by
-# tools/build_deepep.sh against the NCCL and NVSHMEM wheels of the stack, for DEEPEP_CUDA_ARCHS only: the H100/H200
-# this image targets.
+# DeepEP V1 with its NCCL (GIN) backend, at a full commit fetched by its hash (GitHub serves a pull request's commits
+# by hash; a short hash can become ambiguous), built by tools/build_deepep.sh against the NCCL wheel that torch loads
+# (NCCL_DIR), for DEEPEP_CUDA_ARCHS only: the H100/H200 this image targets.
 ARG DEEPEP_COMMIT
 ARG DEEPEP_CUDA_ARCHS
 COPY tools/build_deepep.sh /opt/toolkit/tools/build_deepep.sh

@@ -127,3 +127,51 @@ def test_deepep_device_script_needs_out(tmp_path: Path):
     assert done.stderr.splitlines() == [
         f"deepep_device.sh: OUT is not a directory: run it where $OUT is set, or OUT=/tmp/x bash {command[1]} SRC_DIR"
     ]
+
+
+def nccl_dir(root: Path, version: tuple[int, int, int], device_api: bool = True) -> Path:
+    """An NCCL installation as the nvidia-nccl-cu13 wheel lays it out: include/ (nccl.h with its version, and
+    nccl_device.h for the Device API) and lib/libnccl.so.2, without the unversioned libnccl.so."""
+    major, minor, patch = version
+    (root / "include").mkdir(parents=True)
+    (root / "lib").mkdir()
+    defines = f"#define NCCL_MAJOR {major}\n#define NCCL_MINOR {minor}\n#define NCCL_PATCH {patch}\n"
+    (root / "include" / "nccl.h").write_text(defines)
+    if device_api:
+        (root / "include" / "nccl_device.h").touch()
+    (root / "lib" / "libnccl.so.2").touch()
+    return root
+
+
+def nccl_backend_tree(root: Path) -> Path:
+    v1_tree(root)
+    (root / "csrc" / "kernels").mkdir(parents=True)
+    (root / "csrc" / "kernels" / "nccl_gin_backend.cu").touch()
+    return root
+
+
+def test_the_nccl_backend_needs_a_deepep_that_has_it(tmp_path: Path):
+    source = v1_tree(tmp_path / "DeepEP")
+    refused(
+        build(source, NCCL_DIR=str(nccl_dir(tmp_path / "nccl", (2, 31, 2)))),
+        2,
+        f"{source} has no NCCL backend (csrc/kernels/nccl_gin_backend.cu): check out DEEPEP_COMMIT of versions.txt,"
+        " or unset NCCL_DIR to build with NVSHMEM",
+    )
+
+
+def test_the_nccl_backend_needs_nccl_2_29_2_with_the_device_api(tmp_path: Path):
+    source = nccl_backend_tree(tmp_path / "DeepEP")
+    old = nccl_dir(tmp_path / "old", (2, 28, 9))
+    refused(
+        build(source, NCCL_DIR=str(old)),
+        2,
+        f"NCCL_DIR={old} holds NCCL 2.28.9; DeepEP's NCCL backend needs 2.29.2 or newer",
+    )
+    plain = nccl_dir(tmp_path / "plain", (2, 31, 2), device_api=False)
+    refused(
+        build(source, NCCL_DIR=str(plain)),
+        2,
+        f"NCCL_DIR={plain} lacks include/nccl.h, include/nccl_device.h or lib/libnccl.so.2: point it at an NCCL with"
+        " the Device API (the nvidia-nccl-cu13 wheel's nvidia/nccl)",
+    )

@@ -212,3 +212,27 @@ def test_the_nsight_step_before_issue_25_broke_on_a_second_key(tmp_path: Path, t
     result = run_nsight_step(tmp_path, (BEFORE / "Dockerfile").read_text(), nvidia_pub, first)
     assert result.returncode == 1
     assert "not the pinned key" in result.stderr
+
+
+def test_deepep_check_refuses_a_deepep_that_megatron_core_cannot_use():
+    """The test environment has no DeepEP: megatron-core sees it as it sees V2 (no deep_ep.utils.EventOverlap)."""
+    done = run_check("c.check_deepep()")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("check_image.ImageCheckError: megatron-core cannot use")
+
+
+def test_deepep_nccl_backend_is_told_by_the_libraries_its_extension_needs(tmp_path: Path):
+    """An extension built with NCCL_DIR needs libnccl.so.2; one built with NVSHMEM does not."""
+    (tmp_path / "nccl.c").write_text("int ncclGetVersion(int *v) { *v = 23102; return 0; }\n")
+    (tmp_path / "ext.c").write_text(
+        "int ncclGetVersion(int *v);\nint call(void) { int v; return ncclGetVersion(&v); }\n"
+    )
+    (tmp_path / "plain.c").write_text("int call(void) { return 0; }\n")
+    cc = ["gcc", "-shared", "-fPIC"]
+    subprocess.run([*cc, "-Wl,-soname,libnccl.so.2", "-o", tmp_path / "libnccl.so.2", tmp_path / "nccl.c"], check=True)
+    subprocess.run([*cc, "-o", tmp_path / "with_nccl.so", tmp_path / "ext.c", tmp_path / "libnccl.so.2"], check=True)
+    subprocess.run([*cc, "-o", tmp_path / "without.so", tmp_path / "plain.c"], check=True)
+
+    done = run_check(f"print(c.links_nccl(c.Path({str(tmp_path / 'with_nccl.so')!r})),"
+                     f" c.links_nccl(c.Path({str(tmp_path / 'without.so')!r})))")  # fmt: skip
+    assert done.stdout.split() == ["True", "False"], done.stderr

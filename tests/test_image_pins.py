@@ -223,7 +223,7 @@ REQUIREMENTS = {
         version(pins["AWS_OFI_NCCL_VERSION"]) >= (1, 21, 0)
     ),
     "NCCL >= 2.31.2 (aws-ofi-nccl GIN)": lambda pins, nccl: version(nccl) >= (2, 31, 2),
-    "NCCL >= 2.30.4 (DeepEP V2)": lambda pins, nccl: version(nccl) >= (2, 30, 4),
+    "NCCL >= 2.29.2 (DeepEP's NCCL backend, README-NCCL.md)": lambda pins, nccl: version(nccl) >= (2, 29, 2),
     "GDRCopy >= 2.5 (aws-ofi-nccl GIN)": lambda pins, nccl: version(pins["GDRCOPY_VERSION"]) >= (2, 5),
     "EFA installer >= 1.49.0 (aws-ofi-nccl >= 1.20: no broadcast hang)": lambda pins, nccl: (
         version(pins["EFA_INSTALLER_VERSION"]) >= (1, 49, 0)
@@ -243,7 +243,6 @@ def test_the_requirement_check_catches_the_stack_before_issue_25():
     assert [name for name, met in REQUIREMENTS.items() if not met(pins, nccl)] == [
         "aws-ofi-nccl >= 1.21.0 (first release with GIN)",
         "NCCL >= 2.31.2 (aws-ofi-nccl GIN)",
-        "NCCL >= 2.30.4 (DeepEP V2)",
         "EFA installer >= 1.49.0 (aws-ofi-nccl >= 1.20: no broadcast hang)",
     ]
 

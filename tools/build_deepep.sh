@@ -5,17 +5,21 @@
 #   PYTHON=python3 TORCH_CUDA_ARCH_LIST=9.0 bash tools/build_deepep.sh SRC_DIR
 #
 # SRC_DIR is deepseek-ai/DeepEP at DEEPEP_COMMIT (versions.txt): DeepEP V1, whose Buffer API (get_dispatch_layout,
-# dispatch, combine, set_num_sms, deep_ep.utils.EventOverlap) is what megatron-core 0.19.2's flex dispatcher calls.
-# V1 links no NCCL: its intranode kernels (EP within a node, over NVLink) share CUDA IPC buffers; its internode and
-# low-latency kernels use NVSHMEM's InfiniBand GPU-initiated transport (IBGDA), which EFA does not offer.
+# dispatch, combine, set_num_sms, deep_ep.utils.EventOverlap) is what megatron-core 0.19.2's flex dispatcher calls,
+# with the NCCL backend of deepseek-ai/DeepEP pull request 521 (csrc/kernels/nccl_gin_backend.cu). Its intranode
+# kernels (EP within a node, over NVLink) share CUDA IPC buffers; its internode and low-latency kernels go over
+# NCCL's GPU-initiated networking (GIN) when built with NCCL_DIR, which is what EFA offers, or else over NVSHMEM's
+# InfiniBand transport (IBGDA), which EFA does not.
 #
 # Knobs:
 #   PYTHON                interpreter whose environment receives deep_ep (default: python3); pip's own PIP_*
 #                         variables pass through (PIP_TARGET=DIR installs into DIR, which must then be on PYTHONPATH)
 #   TORCH_CUDA_ARCH_LIST  GPU architectures to compile for, e.g. 9.0 (H100/H200) or "9.0;10.0" (required)
 #   CUDA_HOME             CUDA toolkit whose nvcc compiles the kernels (default: /usr/local/cuda)
-#   NVSHMEM_DIR           an NVSHMEM installation with include/ and lib/ (default: the nvidia-nvshmem-cu13 wheel that
-#                         torch depends on, in PYTHON's environment)
+#   NCCL_DIR              an NCCL with the Device API, 2.29.2 or newer (README-NCCL.md), holding include/ and lib/, such
+#                         as the nvidia-nccl-cu13 wheel's nvidia/nccl: DeepEP's NCCL (GIN) backend; unset: NVSHMEM's
+#   NVSHMEM_DIR           without NCCL_DIR: an NVSHMEM installation with include/ and lib/ (default: the
+#                         nvidia-nvshmem-cu13 wheel that torch depends on, in PYTHON's environment)
 #   MAX_JOBS              parallel compile jobs (torch's knob; default: one per core)
 set -euo pipefail
 
@@ -75,6 +79,38 @@ check_nvshmem() {
   [[ -f $dir/include/nvshmem.h && -f $dir/lib/libnvshmem_device.a && -e $dir/lib/$host ]] ||
     die "NVSHMEM in $dir lacks include/nvshmem.h, lib/libnvshmem_device.a or lib/$host: point NVSHMEM_DIR at an NVSHMEM installation"
   NVSHMEM_FOUND=$dir
+}
+
+NCCL_BACKEND_MINIMUM=2.29.2 # DeepEP's README-NCCL.md
+
+# MAJOR.MINOR.PATCH of the NCCL whose nccl.h is given.
+nccl_version() {
+  sed -n -E 's/^#define NCCL_(MAJOR|MINOR|PATCH) ([0-9]+).*/\2/p' "$1" | paste -sd.
+}
+
+# DeepEP's NCCL backend, over the NCCL torch loads too (the wheel's libnccl.so.2, found again through the rpath that
+# setup.py gives the extension).
+use_nccl_backend() {
+  local src=$1 nccl=$NCCL_DIR version
+  [[ -f $src/csrc/kernels/nccl_gin_backend.cu ]] ||
+    die "$src has no NCCL backend (csrc/kernels/nccl_gin_backend.cu): check out DEEPEP_COMMIT of versions.txt, or unset NCCL_DIR to build with NVSHMEM" 2
+  [[ -f $nccl/include/nccl.h && -f $nccl/include/nccl_device.h && -e $nccl/lib/libnccl.so.2 ]] ||
+    die "NCCL_DIR=$nccl lacks include/nccl.h, include/nccl_device.h or lib/libnccl.so.2: point it at an NCCL with the Device API (the nvidia-nccl-cu13 wheel's nvidia/nccl)" 2
+  version=$(nccl_version "$nccl/include/nccl.h")
+  [[ $(printf '%s\n' "$NCCL_BACKEND_MINIMUM" "$version" | sort -V | head -n 1) == "$NCCL_BACKEND_MINIMUM" ]] ||
+    die "NCCL_DIR=$nccl holds NCCL $version; DeepEP's NCCL backend needs $NCCL_BACKEND_MINIMUM or newer" 2
+  # setup.py links -lnccl, and the wheel ships only the soname.
+  [[ -e $nccl/lib/libnccl.so ]] || ln -s libnccl.so.2 "$nccl/lib/libnccl.so"
+  export ENABLE_NCCL=1 NCCL_DIR=$nccl
+  BACKEND="NCCL $version (GIN) in $nccl"
+}
+
+use_nvshmem_backend() {
+  unset NCCL_DIR # setup.py finds the NVSHMEM wheel only when neither NCCL_DIR nor NVSHMEM_DIR is set
+  check_nvshmem
+  check_rdma_headers
+  export ENABLE_NCCL=0
+  BACKEND="NVSHMEM in $NVSHMEM_FOUND"
 }
 
 # NVSHMEM's IBGDA headers, which DeepEP's kernels include, include rdma-core's <infiniband/mlx5dv.h> (headers only:
@@ -150,12 +186,15 @@ main() {
   check_arch_list
   torch_major=$(torch_cuda_major)
   check_nvcc "$torch_major"
-  check_nvshmem
   add_library_headers
-  check_rdma_headers
+  if [[ -n ${NCCL_DIR:-} ]]; then
+    use_nccl_backend "$src"
+  else
+    use_nvshmem_backend
+  fi
   add_cccl_include
   find_libcuda
-  echo "build_deepep.sh: DeepEP from $src for $TORCH_CUDA_ARCH_LIST, nvcc $CUDA_HOME, NVSHMEM $NVSHMEM_FOUND"
+  echo "build_deepep.sh: DeepEP from $src for $TORCH_CUDA_ARCH_LIST, nvcc $CUDA_HOME, $BACKEND"
   build_and_install "$src"
   import_check
 }

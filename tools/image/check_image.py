@@ -11,6 +11,8 @@ is wrong.
   src/plugin/gin/gin_v13.cc), and was compiled with GDRCopy, whose library (2.5 or newer, aws-ofi-nccl's GIN
   requirement) the loader finds.
 - The Python stack imports, DeepEP included; their versions are printed.
+- megatron-core's flex dispatcher can use DeepEP (its fused_a2a imports DeepEP V1's API), and DeepEP was built with
+  its NCCL (GIN) backend: its extension links libnccl.so.2, which it does only when built with NCCL_DIR.
 
 There is no GPU during the build: the step puts CUDA's driver stub first on LD_LIBRARY_PATH.
 """
@@ -134,6 +136,25 @@ def check_gdrcopy() -> tuple[int, int]:
     return version
 
 
+def links_nccl(library: Path) -> bool:
+    """Whether a shared library names libnccl.so.2 among the libraries it needs (its ELF dynamic section)."""
+    dynamic = subprocess.run(["readelf", "--dynamic", str(library)], capture_output=True, text=True, check=True).stdout
+    return "[libnccl.so.2]" in dynamic
+
+
+def check_deepep() -> None:
+    from megatron.core.transformer.moe import fused_a2a
+
+    if not fused_a2a.HAVE_DEEP_EP:
+        raise ImageCheckError(
+            "megatron-core cannot use the installed DeepEP (fused_a2a.HAVE_DEEP_EP is False: it imports"
+            " deep_ep.utils.EventOverlap, DeepEP V1's API): DEEPEP_COMMIT must be a DeepEP V1 commit"
+        )
+    extension = Path(importlib.import_module("deep_ep_cpp").__file__)
+    if not links_nccl(extension):
+        raise ImageCheckError(f"{extension} links no NCCL: DeepEP was built without its NCCL (GIN) backend (NCCL_DIR)")
+
+
 def check_stack() -> None:
     for module in STACK:
         importlib.import_module(module)
@@ -150,6 +171,7 @@ def main(argv: list[str]) -> int:
         plugin = check_net_plugin()
         gdrcopy = check_gdrcopy()
         check_stack()
+        check_deepep()
         check_nccl(nccl)  # DeepEP and TE loaded no second NCCL
     except ImageCheckError as error:
         print(f"check_image.py: {error}", file=sys.stderr)
