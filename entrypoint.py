@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
@@ -71,7 +71,7 @@ try:
         from megatron.bridge.training.pretrain import pretrain
 
         import viztracer_plugin
-        from launcher import checks, nsys, outputs, overrides, precision
+        from launcher import checks, data, nsys, outputs, overrides, precision
         from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 except ImportError as error:
     report(missing_stack(error))
@@ -142,7 +142,15 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     applied = {**kwargs, **preset, **overrides.apply(cfg, config_overrides)}
     outputs.load_own_checkpoints(cfg)
     checks.check_config(cfg, world_size(args))
+    data.check_data(cfg)
     return cfg, applied
+
+
+def say_what_it_trains_on(cfg: ConfigContainer, stream: TextIO) -> None:
+    """Once a run (rank 0, or --check): its datasets, or that it trains on mock data."""
+    line = data.describe(cfg)
+    if line:
+        print(f"entrypoint.py: {line}", file=stream, flush=True)
 
 
 def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: list[str]) -> None:
@@ -156,6 +164,7 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
         outputs.save_run_record(cfg, run_dir)
         for key, value in applied.items():
             print(f"entrypoint.py: {key} = {value!r}", flush=True)
+        say_what_it_trains_on(cfg, sys.stdout)
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
     pretrain(cfg, forward_step_func=forward_step)
@@ -170,6 +179,7 @@ def main(argv: list[str]) -> int:
         if args.print_config:
             print(outputs.config_yaml(cfg), end="")
         elif args.check:
+            say_what_it_trains_on(cfg, sys.stderr)
             ranks = checks.profiled_ranks(cfg, world_size(args) or 1)
             print("profile_ranks=" + ",".join(str(rank) for rank in ranks))
         else:

@@ -202,6 +202,7 @@ export_rank_env() {
   export RUN_DIR=$RUN_ROOT_IN/$RUN_ID # as the ranks see it
   export SRUN_SH_NSYS=$USE_NSYS       # entrypoint.py runs the profiled ranks under nsys
   ((!USE_CONTAINER)) || export SRUN_SH_IMAGE=$SQSH # named in entrypoint.py's error when the image lacks the stack
+  ((!USE_CONTAINER)) || export SRUN_SH_MOUNT=$MOUNT # named in entrypoint.py's error when a data path is outside it
   unset RANK LOCAL_RANK               # the rank takes them from SLURM or torchrun
 }
 
