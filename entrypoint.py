@@ -6,7 +6,8 @@
     python3 entrypoint.py RECIPE.py [NAME=VALUE ...] --check [--world-size N]
                                                                       validate, print `profile_ranks=...`, and exit
 
-A NAME that is a parameter of the recipe's configure() is passed to it (hf_path=..., use_megatron_fsdp=true);
+A NAME that is a parameter of the recipe's configure() is passed to it (hf_path=..., use_megatron_fsdp=true,
+data_paths=[0.7,/fsx/a,0.3,/fsx/b] with tokenizer_path=DIR: datasets made by tools/prepare_data.py, else mock data);
 every other NAME=VALUE overrides the returned ConfigContainer (train.train_iters=1000). Values use Hydra's grammar.
 mixed_precision=NAME picks a Megatron Bridge preset (bf16_with_fp8_current_scaling_mixed); mixed_precision.FIELD=VALUE
 then changes one of its fields (mixed_precision.first_last_layers_bf16=false).

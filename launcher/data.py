@@ -16,6 +16,7 @@ from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path, get_idx_path
+from megatron.core.datasets.object_storage_utils import is_object_storage_path
 from megatron.core.datasets.utils import get_blend_from_list
 
 from launcher.errors import UsageError, first_line
@@ -49,7 +50,8 @@ def check_data(cfg: ConfigContainer) -> None:
         return
     vocab_size = tokenizer_vocab_size(cfg)
     for prefix in dict.fromkeys(prefix for prefix, _ in listed):
-        check_dataset(prefix, vocab_size, cfg.tokenizer.tokenizer_model)
+        if not is_object_storage_path(prefix):  # s3:// and msc:// data are megatron-core's to fetch and read
+            check_dataset(prefix, vocab_size, cfg.tokenizer.tokenizer_model)
 
 
 def container_mounts() -> list[str] | None:
@@ -186,6 +188,9 @@ def describe(cfg: ConfigContainer) -> str | None:
         )
     described = []
     for prefix, weight in listed:
+        if is_object_storage_path(prefix):
+            described.append(prefix)
+            continue
         index = IndexedDataset(prefix, mmap=False)
         tokens = int(index.index.sequence_pointers[-1]) // index.index.dtype_size + int(index.sequence_lengths[-1])
         share = f"weight {weight:g}, " if weight is not None else ""

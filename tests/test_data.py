@@ -482,6 +482,12 @@ def test_a_missing_data_path_outside_the_container_says_only_that_it_is_missing(
         resolve(TINY, f"data_paths={tmp_path}/web", f"tokenizer_path={corpus.tokenizer}")
 
 
+def test_object_storage_data_is_left_to_megatron_core(corpus: Corpus, output_root: Path):
+    """s3:// and msc:// prefixes are fetched by megatron-core's own readers during training; nothing here reads them."""
+    cfg = resolve(TINY, "data_paths=s3://bucket/corpus/web", f"tokenizer_path={corpus.tokenizer}")
+    assert cfg.dataset.blend == (["s3://bucket/corpus/web"], None)
+
+
 def test_a_run_without_data_says_it_trains_on_mock_data(output_root: Path):
     from launcher import data
 
