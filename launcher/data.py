@@ -70,7 +70,7 @@ def outside_mounts(path: str) -> str | None:
         return None
     return (
         f"is outside every MOUNT destination ({', '.join(destinations)}), so the ranks cannot see it in the"
-        f" container: add its folder to MOUNT (now {os.environ['SRUN_SH_MOUNT']}) and give its path there"
+        f" container: add its folder to MOUNT (now {os.environ['SRUN_SH_MOUNT']}) and give the path it has there"
     )
 
 
