@@ -229,6 +229,7 @@ export_rank_env() {
   export SRUN_SH_NSYS=$USE_NSYS       # entrypoint.py runs the profiled ranks under nsys
   ((!USE_CONTAINER)) || export SRUN_SH_IMAGE=$SQSH # named in entrypoint.py's error when the image lacks the stack
   [[ -z ${SLURM_JOB_NAME:-} ]] || export SRUN_SH_JOB_NAME=$SLURM_JOB_NAME # launch.json's: the step gets its own name
+  ((!USE_CONTAINER)) || export SRUN_SH_MOUNT=$CONTAINER_MOUNTS # named in entrypoint.py's error when a data path is outside it
   unset RANK LOCAL_RANK               # the rank takes them from SLURM or torchrun
 }
 

@@ -302,6 +302,8 @@ def test_check_prints_the_profiled_ranks_for_the_launcher(run_entrypoint):
     result = run_entrypoint(TINY, "profiling.profile_ranks=[0,3]", "--check", "--world-size", "4")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "profile_ranks=0,3"
+    (said,) = error_lines(result.stderr)  # once: the run trains on mock data
+    assert said.startswith("entrypoint.py: data: mock (tokens Megatron generates, not a corpus): pass data_paths=")
     every = run_entrypoint(TINY, "profiling.profile_ranks=[]", "--check", "--world-size", "4")
     assert every.stdout.splitlines()[-1] == "profile_ranks=0,1,2,3"
 

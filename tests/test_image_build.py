@@ -452,7 +452,7 @@ def test_build_ends_by_checking_what_the_image_claims():
 # --- the build context, as the docker CLI packs it ----------------------------------------------------------------
 
 # What the image runs, besides the files the Dockerfile copies by name; `COPY .` copies the whole context.
-RUNTIME = ("srun.sh", "entrypoint.py", "viztracer_plugin.py", "launcher/", "recipes/")
+RUNTIME = ("srun.sh", "entrypoint.py", "viztracer_plugin.py", "launcher/", "recipes/", "tools/prepare_data.py")
 # What a run or a checkout leaves beside the toolkit: none of it may reach the Docker daemon, let alone the image.
 LEFT_BY_RUNS = (
     "outputs/tiny_gpt_pretrain/123/launch.json",
