@@ -207,13 +207,10 @@ def process_tree(root: int) -> dict[int, str]:
     children: dict[int, list[int]] = {}
     started: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # "pid (name) state ppid ... starttime ..."
-        except OSError:
-            continue  # ended while it was read
-        pid = int(stat.parent.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        started[pid] = fields[19]
+        if fields := stat_fields(stat):
+            pid = int(stat.parent.name)
+            children.setdefault(int(fields[1]), []).append(pid)
+            started[pid] = fields[19]
     tree, below = {}, [root]
     while below:
         pid = below.pop()
@@ -222,11 +219,17 @@ def process_tree(root: int) -> dict[int, str]:
     return tree
 
 
-def start_time(pid: int) -> str | None:
+def stat_fields(stat: Path) -> list[str] | None:
+    """/proc/PID/stat after the process name: state, parent pid, ... (index 19: the start time); None once it ended."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        return stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
+
+
+def start_time(pid: int) -> str | None:
+    fields = stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields[19] if fields else None
 
 
 def signal_tree(root: int, signum: int) -> dict[int, str]:

@@ -140,8 +140,8 @@ def test_a_plan_where_an_arm_comes_back_is_refused():
 
 
 def state(pid: int) -> str | None:
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else None
+    fields = launches.stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields[0] if fields else None
 
 
 def test_a_real_srun_sh_launch_is_paused_whole_once_its_config_is_built_and_leaves_nothing(tmp_path: Path):
