@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+import entrypoint
 from bench import arm_check, launches, levers, turns
 from tests.conftest import REPO
 
@@ -47,8 +48,14 @@ def test_lever_arms_change_what_they_say_and_nothing_else():
     assert ab["upstream"].command[:3] == (launches.sys.executable, "-m", "torch.distributed.run")
     assert "--nproc-per-node=2" in ab["upstream"].command and "train.global_batch_size=16" in ab["ours"].overrides
     assert ab["seed"].noise_of == "ours" and set(ab["seed"].overrides) - set(ab["ours"].overrides) == {"rng.seed=4321"}
-    tiny = PLAN_ARMS[("tiny", 1)]
-    assert tiny["ours"].tokens_per_step == levers.TINY_GLOBAL_BATCH * 2048
+
+
+def test_the_shapes_the_tokens_per_step_come_from_are_the_recipes():
+    for recipe, sequence in levers.SEQUENCE.items():
+        cfg = entrypoint.load_recipe(REPO / recipe).configure()
+        assert (cfg.model.seq_length, cfg.dataset.seq_length) == (sequence, sequence), recipe
+    tiny = entrypoint.load_recipe(REPO / levers.TINY).configure()
+    assert tiny.train.global_batch_size == levers.TINY_GLOBAL_BATCH
 
 
 def test_graph_arms_warm_up_past_the_capture():
