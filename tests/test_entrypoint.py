@@ -77,6 +77,25 @@ def test_float_and_dtype_overrides_keep_their_types(output_root: Path):
     assert cfg.model.num_layers == 2
 
 
+def test_a_list_fits_a_field_that_takes_a_name_an_enum_or_a_list_of_either(output_root: Path):
+    """TransformerConfig.cuda_graph_modules: Union[str, CudaGraphModule, List[str], List[CudaGraphModule]]. The check
+    of the enum branch hashed the list and raised TypeError with a traceback."""
+    cfg = resolve(
+        TINY,
+        "--world-size",
+        "1",
+        "model.cuda_graph_impl=transformer_engine",
+        "model.cuda_graph_modules=[attn,mlp]",
+        "model.use_te_rng_tracker=true",
+    )
+    assert cfg.model.cuda_graph_modules == ["attn", "mlp"]
+
+
+def test_cuda_graphs_without_the_te_rng_tracker_are_refused_before_any_rank_builds_a_model(output_root: Path):
+    with pytest.raises(UsageError, match=r"model.cuda_graph_impl=transformer_engine needs Transformer Engine's RNG"):
+        resolve(TINY, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=[attn,mlp]")
+
+
 def test_env_vars_dict_accepts_added_keys(output_root: Path):
     cfg = resolve(TINY, "+env_vars.NCCL_DEBUG=INFO")
     assert cfg.env_vars["NCCL_DEBUG"] == "INFO"
