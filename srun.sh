@@ -317,7 +317,7 @@ main() {
   elif ((status)) && report_failure; then
     status=$FIRST_STATUS
   fi
-  ((!BATCH_JOB)) || requeue_batch_job "$status" || status=$?
+  ((!BATCH_JOB)) || requeue_batch_job "$status" ${HUNG:+"hung: see $HOST_RUN_DIR/hang-report.txt"} || status=$?
   exit "$status"
 }
 

@@ -14,6 +14,7 @@ validate_health_knobs() {
 health_only_args() {
   (($# == 0)) || die "--health runs the health check alone, so $(q "$1") has no place here:" \
     "drop it, or check before a launch with HEALTH=1 ./srun.sh RECIPE.py"
+  ((!USE_NSYS)) || die "--nsys profiles training, and --health trains nothing: drop one of them"
   HEALTH=1 RECIPE=$REPO_DIR/launcher/health.py
   OVERRIDES=()
 }
@@ -33,6 +34,8 @@ health_check_command() {
 check_health() {
   local status=0 nodes
   printf -v nodes '%s,' "${HOSTS[@]}"
+  echo "# srun.sh: health check of ${#HOSTS[@]} node(s) x $GPUS_PER_NODE rank(s), each part within" \
+    "${HEALTH_TIMEOUT_S}s (HEALTH_TIMEOUT_S)" >&2
   launch python3 "$REPO_DIR/launcher/health_report.py" "$HOST_RUN_DIR" --timeout "$HEALTH_TIMEOUT_S" \
     --nodes "${nodes%,}" --ranks-per-node "$GPUS_PER_NODE" -- "${HEALTH_CMD[@]}" || status=$?
   rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status # the check's ranks': the launch's own first-failure report reads these

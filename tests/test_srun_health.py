@@ -131,3 +131,15 @@ def test_health_check_with_local_measures_the_node_among_its_ranks(srun_world: S
     assert node["ranks"] == [0, 1] and node["verdict"] == "ok"
     assert node["figures"]["node.all_reduce"] > 0 and node["figures"]["node.broadcast"] > 0
     assert list(report["ranks"]["0"]["results"]) == ["start", "gpu", "node.all_reduce", "node.broadcast"]
+
+
+def test_dry_run_with_health_shows_the_check_before_the_launch(srun_world: SrunWorld):
+    result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", env={**TWO_BY_TWO, "HEALTH": "1"})
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    check = lines[lines.index("# Health check, run first (HEALTH=1):") + 1]
+    assert check.endswith(
+        f"--no-python {SRUN_SH} --rank-exec {srun_world.env['PYTHON']} {SRUN_SH.parent}/launcher/health.py"
+    )
+    assert lines[-1].endswith("entrypoint.py recipe.py") and srun_world.calls() == []
