@@ -8,7 +8,7 @@ that never joined torch.distributed) is named as such. The console gets three li
 
 --step signals the job step with `scancel --signal=USR2` (every process of it: only the rank answers); --local
 signals the pids that the ranks registered (each checked against its process start time). Runs on the launching host
-with the standard library only (Python 3.8+; the flight recorder's records are plain pickles); torch's own analysis,
+with the standard library only (the flight recorder's records are plain pickles); torch's own analysis,
 `torchfrtrace`, is added when this Python has torch and the records are NCCL's.
 """
 
@@ -230,7 +230,7 @@ def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> N
                 stacks_at.setdefault(rank, now)
             if now - stacks_at.get(rank, now) > STACKS_GRACE_S:
                 pending.discard(rank)
-        time.sleep(0.2)
+        time.sleep(0.5)
 
 
 def read_stacks(path: Path, offset: int) -> str:

@@ -83,12 +83,17 @@ def node_ranks(hosts: list[str]) -> list[list[int]]:
     return list(nodes.values())
 
 
-def pair_rounds(nodes: int, node: int) -> Iterator[tuple[int, int]]:
-    """(round, partner) of `node`: round K pairs node i with node i XOR 2^K, when that node exists."""
+def pair_rounds(nodes: int, node: int) -> Iterator[tuple[int, int | None]]:
+    """(round, partner) of `node` in every round: round K pairs node i with node i XOR 2^K; None when that node
+    does not exist (with a node count that is not a power of two)."""
     for round_ in range(math.ceil(math.log2(nodes)) if nodes > 1 else 0):
         partner = node ^ (1 << round_)
-        if partner < nodes:
-            yield round_, partner
+        yield round_, partner if partner < nodes else None
+
+
+def round_pairs(nodes: int, round_: int) -> list[tuple[int, int]]:
+    """Every pair of nodes of a round, in one order for every rank."""
+    return [(node, node ^ (1 << round_)) for node in range(nodes) if node < node ^ (1 << round_) < nodes]
 
 
 def rates(work: float, samples: list[float]) -> tuple[float, float]:
@@ -167,12 +172,15 @@ class Check:
         target = self.torch.empty_like(source)
         return rates(2 * COPY_BYTES / 1e12, self.timed(lambda: target.copy_(source), COPY_CALLS))  # read + write
 
-    def collectives(self, prefix: str, ranks: list[int], group: object, extra: dict[str, Any]) -> None:
-        """`prefix`.all_reduce, then `prefix`.broadcast, among `ranks` (group None: the world)."""
+    def collectives(self, prefix: str, ranks: list[int] | None, group: object, extra: dict[str, Any]) -> None:
+        """`prefix`.all_reduce, then `prefix`.broadcast, among `ranks` (group None: the world); ranks None: this rank
+        sits the part out, but joins its barriers."""
         for op in ("all_reduce", "broadcast"):
             # Every node measures the same part at the same time: each sees the network as loaded as the others do.
             self.record.enter(f"{prefix}.{op}", list(range(self.dist.get_world_size())), stage="barrier")
             self.dist.barrier()
+            if ranks is None:
+                continue
             self.record.enter(f"{prefix}.{op}", ranks)
             median, best = {}, {}
             for size in self.sizes:
@@ -188,10 +196,17 @@ class Check:
             samples = self.timed(lambda: dist.broadcast(tensor, src=ranks[0], group=group), CALLS)
         return rates(size * bus_factor(op, len(ranks)) / 1e9, samples)
 
-    def new_group(self, part: str, ranks: list[int], desc: str) -> object:
-        """A group of `ranks` that only its members create (so that no other rank waits for it)."""
-        self.record.enter(part, ranks, stage="group")
-        return self.dist.new_group(ranks, use_local_synchronization=True, group_desc=desc)
+    def new_groups(self, part: str, groups: list[list[int]], desc: str) -> object | None:
+        """This rank's group among `groups`: every rank creates all of them, in one order, as torch asks (gloo's
+        groups deadlock when members create overlapping ones in different orders). A rank waits only for the members
+        of its own group; creating another is bookkeeping (NCCL connects at the first collective)."""
+        own = next((ranks for ranks in groups if self.rank in ranks), None)
+        self.record.enter(part, own, stage="group")
+        mine = None
+        for ranks in groups:
+            group = self.dist.new_group(ranks, group_desc=desc)
+            mine = group if ranks is own else mine
+        return mine
 
     def run(self) -> None:
         hosts = self.start()
@@ -199,13 +214,16 @@ class Check:
         self.gpu()
         nodes = node_ranks(hosts)
         mine = next(index for index, ranks in enumerate(nodes) if self.rank in ranks)
-        if len(nodes[mine]) > 1:
-            group = self.new_group("node.all_reduce", nodes[mine], "health node")
-            self.collectives("node", nodes[mine], group, {})
+        # Every rank goes through the same parts, in the same order (their barriers are the whole job's).
+        node_groups = [ranks for ranks in nodes if len(ranks) > 1]
+        if node_groups:
+            group = self.new_groups("node.all_reduce", node_groups, "health node")
+            self.collectives("node", nodes[mine] if group else None, group, {})
         for round_, partner in pair_rounds(len(nodes), mine):
-            ranks = sorted(nodes[mine] + nodes[partner])
-            group = self.new_group(f"pair.{round_}.all_reduce", ranks, f"health pair round {round_}")
-            self.collectives(f"pair.{round_}", ranks, group, {"partner": hosts[nodes[partner][0]]})
+            pairs = [sorted(nodes[a] + nodes[b]) for a, b in round_pairs(len(nodes), round_)]
+            group = self.new_groups(f"pair.{round_}.all_reduce", pairs, f"health pair round {round_}")
+            ranks = sorted(nodes[mine] + nodes[partner]) if partner is not None else None
+            self.collectives(f"pair.{round_}", ranks, group, {"partner": hosts[nodes[partner][0]]} if ranks else {})
         if len(nodes) > 1:
             self.collectives("job", list(range(len(hosts))), None, {})
         self.dist.destroy_process_group()
