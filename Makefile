@@ -18,7 +18,7 @@ SQSH = $(OUTPUT_DIR)/$(subst /,+,$(IMAGE_NAME))+$(TAG).sqsh
 # The NAME=VALUE lines of the [image] section of versions.txt: each one becomes a docker --build-arg.
 IMAGE_PINS = $(shell sed -n '/^\[image\]/,/^\[/{/^[A-Za-z_][A-Za-z0-9_]*=/p;}' versions.txt)
 EMPTY_PINS = $(patsubst %=,%,$(filter %=,$(IMAGE_PINS)))
-SHELL_SCRIPTS = $(shell find . -name '*.sh' -not -path './.venv/*' -not -path './.git/*' -not -path './.devkit/*')
+SHELL_SCRIPTS = $(shell find . -name '*.sh' -not -path './.venv/*' -not -path './.git/*' -not -path './.devkit/*' -not -path './.deepep/*')
 
 .PHONY: build sqsh clean fmt lint test
 

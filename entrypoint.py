@@ -6,7 +6,8 @@
     python3 entrypoint.py RECIPE.py [NAME=VALUE ...] --check [--world-size N]
                                                                       validate, print `profile_ranks=...`, and exit
 
-A NAME that is a parameter of the recipe's configure() is passed to it (hf_path=..., use_megatron_fsdp=true);
+A NAME that is a parameter of the recipe's configure() is passed to it (hf_path=..., use_megatron_fsdp=true,
+data_paths=[0.7,/fsx/a,0.3,/fsx/b] with tokenizer_path=DIR: datasets made by tools/prepare_data.py, else mock data);
 every other NAME=VALUE overrides the returned ConfigContainer (train.train_iters=1000). Values use Hydra's grammar.
 mixed_precision=NAME picks a Megatron Bridge preset (bf16_with_fp8_current_scaling_mixed); mixed_precision.FIELD=VALUE
 then changes one of its fields (mixed_precision.first_last_layers_bf16=false).
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
@@ -72,7 +73,7 @@ try:
         from megatron.bridge.training.pretrain import pretrain
 
         import viztracer_plugin
-        from launcher import checks, hang_dumps, nsys, outputs, overrides, precision, progress
+        from launcher import checks, data, hang_dumps, nsys, outputs, overrides, precision, progress
         from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 except ImportError as error:
     report(missing_stack(error))
@@ -143,7 +144,15 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     applied = {**kwargs, **preset, **overrides.apply(cfg, config_overrides)}
     outputs.load_own_checkpoints(cfg)
     checks.check_config(cfg, world_size(args))
+    data.check_data(cfg)
     return cfg, applied
+
+
+def say_what_it_trains_on(cfg: ConfigContainer, stream: TextIO) -> None:
+    """Once a run (rank 0, or --check): its datasets, or that it trains on mock data."""
+    line = data.describe(cfg)
+    if line:
+        print(f"entrypoint.py: {line}", file=stream, flush=True)
 
 
 def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: list[str]) -> None:
@@ -157,6 +166,7 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
         outputs.save_run_record(cfg, run_dir)
         for key, value in applied.items():
             print(f"entrypoint.py: {key} = {value!r}", flush=True)
+        say_what_it_trains_on(cfg, sys.stdout)
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
     hang_dumps.install(run_dir, rank)  # answers srun.sh's hang report: stacks and flight recorder
@@ -174,6 +184,7 @@ def main(argv: list[str]) -> int:
         if args.print_config:
             print(outputs.config_yaml(cfg), end="")
         elif args.check:
+            say_what_it_trains_on(cfg, sys.stderr)
             ranks = checks.profiled_ranks(cfg, world_size(args) or 1)
             print("profile_ranks=" + ",".join(str(rank) for rank in ranks))
         else:

@@ -37,6 +37,9 @@ REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 SQSH=${SQSH:-"$REPO_DIR/megatron-lm+latest.sqsh"}
 # Container mounts SRC:DST[:FLAGS],...; they must hold this checkout, the recipe and OUTPUT_ROOT.
 MOUNT=${MOUNT:-"$REPO_DIR:/workspace/megatron,/fsx:/fsx"}
+# pyxis container name; empty: unnamed, unpacked at every launch and removed when it ends. A name reuses the
+# container that an earlier launch left on each node (no unpack; see docs/containers.md).  CONTAINER_NAME=megatron
+CONTAINER_NAME=${CONTAINER_NAME:-}
 # Ranks per node; empty: the allocation's GPUs a node (--gpus-per-node), else 8; with --local the visible GPUs.
 GPUS_PER_NODE=${GPUS_PER_NODE:-}
 # Run name; empty: a new run, <job id>-<date>-<time> (local-<date>-<time>-<pid> with --local). An earlier run's
@@ -147,7 +150,8 @@ default_override() {
 }
 
 # The parts of srun.sh, one file each: the checks on the launching host, the rank side (--rank-exec), the launch's
-# supervision (signals, the first failure), batch jobs (--sbatch), the health check and the hang report.
+# supervision (signals, the first failure), batch jobs (--sbatch), the run directory (its id and lock), the health
+# check and the hang report.
 # shellcheck source=launcher/validate.sh
 source "$REPO_DIR/launcher/validate.sh"
 # shellcheck source=launcher/rank.sh
@@ -156,6 +160,8 @@ source "$REPO_DIR/launcher/rank.sh"
 source "$REPO_DIR/launcher/supervise.sh"
 # shellcheck source=launcher/sbatch.sh
 source "$REPO_DIR/launcher/sbatch.sh"
+# shellcheck source=launcher/run_dir.sh
+source "$REPO_DIR/launcher/run_dir.sh"
 # shellcheck source=launcher/health.sh
 source "$REPO_DIR/launcher/health.sh"
 # shellcheck source=launcher/hang.sh
@@ -173,18 +179,34 @@ node_address() {
   printf '%s\n' "$address"
 }
 
+# On the first node itself (a batch job, salloc from that node), when its own name gives only loopback: the address
+# of its interface that routes to the second node, as the kernel chooses it (ip route get), said once on stderr.
+address_toward_second_node() {
+  local me=${SLURMD_NODENAME:-$(uname -n)}
+  [[ ${me%%.*} == "${HOSTS[0]%%.*}" ]] && command -v ip >/dev/null || return 0
+  local peer route address device
+  peer=$(node_address "${HOSTS[1]}")
+  [[ -n $peer ]] || return 0
+  route=$(ip -o route get "$peer" 2>/dev/null) || return 0
+  address=$(sed -n 's/.* src \([0-9.]*\).*/\1/p' <<<"$route")
+  device=$(sed -n 's/.* dev \([^ ]*\).*/\1/p' <<<"$route")
+  [[ -n $address ]] || return 0
+  echo "srun.sh: ${HOSTS[0]}'s name gives no address but loopback here; MASTER_ADDR=$address, the address of" \
+    "$device, which routes to ${HOSTS[1]} ($peer)" >&2
+  printf '%s\n' "$address"
+}
+
 # Job facts every rank shares: the run, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
 resolve_job() {
-  RESUMING=0
-  if [[ -n $RUN_ID ]]; then
-    [[ -d $RUN_ROOT/$RUN_ID ]] && RESUMING=1
-  elif ((LOCAL)); then
-    RUN_ID=local-$(date +%Y%m%d-%H%M%S)-$$
-  else
-    RUN_ID=${SLURM_JOB_ID:-JOBID}-$(date +%Y%m%d-%H%M%S)
-    [[ ! -e $RUN_ROOT/$RUN_ID ]] || RUN_ID+=-$$
+  NEW_RUN=0 RUN_TAKEN=0
+  if [[ -z $RUN_ID ]]; then
+    NEW_RUN=1
+    if ((LOCAL)); then
+      RUN_ID=local-$(date +%Y%m%d-%H%M%S)-$$
+    else
+      RUN_ID=${SLURM_JOB_ID:-JOBID}-$(date +%Y%m%d-%H%M%S)
+    fi
   fi
-  HOST_RUN_DIR=$RUN_ROOT/$RUN_ID # RUN_DIR as this host sees it; the ranks get theirs from export_rank_env
   LOCAL_WORLD_SIZE=$GPUS_PER_NODE
   if ((LOCAL)); then
     HOSTS=("$(uname -n)")
@@ -196,18 +218,23 @@ resolve_job() {
     if [[ -z $MASTER_ADDR ]]; then
       MASTER_ADDR=$(node_address "${HOSTS[0]}")
       ((${#HOSTS[@]} == 1)) && MASTER_ADDR=${MASTER_ADDR:-${HOSTS[0]}}
+      [[ -n $MASTER_ADDR ]] || MASTER_ADDR=$(address_toward_second_node)
       [[ -n $MASTER_ADDR ]] ||
-        die "no address of ${HOSTS[0]} that other nodes reach (scontrol's NodeAddr, getent ahostsv4):" \
+        die "no address of ${HOSTS[0]} that other nodes reach (scontrol's NodeAddr, getent ahostsv4, ip route):" \
           "set MASTER_ADDR to its IP address"
     fi
   else
     HOSTS=(NODE1)
     MASTER_ADDR=${MASTER_ADDR:-NODE1}
   fi
+  RUN_BASE=$RUN_ID
+  ((DRY_RUN)) || claim_run_dir
+  HOST_RUN_DIR=$RUN_ROOT/$RUN_ID # RUN_DIR as this host sees it; the ranks get theirs from export_rank_env
   if [[ -z $MASTER_PORT ]]; then
+    # Below Linux's ephemeral range (32768+); launches that took their ids in the same second differ by RUN_TAKEN.
     local checksum
-    checksum=$(cksum <<<"$HOST_RUN_DIR")
-    MASTER_PORT=$((20000 + ${checksum%% *} % 12768)) # below Linux's ephemeral range (32768+)
+    checksum=$(cksum <<<"$RUN_ROOT/$RUN_BASE")
+    MASTER_PORT=$((20000 + (${checksum%% *} + RUN_TAKEN) % 12768))
   fi
   WORLD_SIZE=$((${#HOSTS[@]} * GPUS_PER_NODE))
 }
@@ -224,6 +251,8 @@ export_rank_env() {
   export RUN_DIR=$RUN_ROOT_IN/$RUN_ID # as the ranks see it
   export SRUN_SH_NSYS=$USE_NSYS       # entrypoint.py runs the profiled ranks under nsys
   ((!USE_CONTAINER)) || export SRUN_SH_IMAGE=$SQSH # named in entrypoint.py's error when the image lacks the stack
+  [[ -z ${SLURM_JOB_NAME:-} ]] || export SRUN_SH_JOB_NAME=$SLURM_JOB_NAME # launch.json's: the step gets its own name
+  ((!USE_CONTAINER)) || export SRUN_SH_MOUNT=$CONTAINER_MOUNTS # named in entrypoint.py's error when a data path is outside it
   unset RANK LOCAL_RANK               # the rank takes them from SLURM or torchrun
 }
 
@@ -241,8 +270,8 @@ launch_command() {
   # Started from inside a job step (srun ... ./srun.sh, srun --pty bash): share that step's resources.
   [[ -z ${SLURM_STEP_ID:-} ]] || LAUNCH_CMD+=(--overlap)
   if ((USE_CONTAINER)); then
-    # No --container-name: pyxis removes an unnamed container when the step ends, so none piles up on the nodes.
-    LAUNCH_CMD+=(--container-image="$SQSH" --container-mounts="$MOUNT" --container-workdir="$TASK_WORKDIR")
+    LAUNCH_CMD+=(--container-image="$SQSH" --container-mounts="$CONTAINER_MOUNTS" --container-workdir="$TASK_WORKDIR")
+    [[ -z $CONTAINER_NAME ]] || LAUNCH_CMD+=(--container-name="$CONTAINER_NAME")
   fi
   LAUNCH_CMD+=("${SRUN_EXTRA[@]}" "${RANK_CMD[@]}")
 }
@@ -297,7 +326,6 @@ main() {
     exit 0
   fi
 
-  (umask 077 && mkdir -p -- "$HOST_RUN_DIR/logs")
   rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status "$HOST_RUN_DIR/logs/usage-error"
   local how="new run"
   ((RESUMING)) && how="resuming run"

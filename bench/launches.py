@@ -85,40 +85,114 @@ class Finished:
     lines: list[tuple[float, str]]  # every console line, with the seconds after the start at which it arrived
 
 
+class Launch:
+    """One launch in flight, in `directory` (its working directory and OUTPUT_ROOT): its console lines, each with the
+    seconds after the start at which it arrived, and its process tree, which can be paused and resumed as a whole so
+    that launches take turns on the same GPUs. close() writes the console to directory/console.log."""
+
+    def __init__(self, command: list[str], directory: Path, env: dict[str, str] | None = None) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        # Unbuffered, so that each line arrives when it is printed; every launch gets the same environment.
+        environment = {**os.environ, "OUTPUT_ROOT": str(directory / "outputs"), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            command,
+            cwd=directory,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        self.arrived: queue.SimpleQueue = queue.SimpleQueue()
+        reader = threading.Thread(target=timed_lines, args=(self.process.stdout, self.started, self.arrived))
+        reader.daemon = True
+        reader.start()
+        self.lines: list[tuple[float, str]] = []
+        self.output_closed = False
+        self.seen: dict[int, str] = {}  # every process of its tree seen so far: pid -> start time
+        self.terminated = False
+
+    def receive(self, timeout_s: float) -> str | None:
+        """The next console line, waiting up to timeout_s for it; None when none came (or the output has closed)."""
+        if self.output_closed:
+            return None
+        try:
+            line = self.arrived.get(timeout=max(0.0, timeout_s)) if timeout_s > 0 else self.arrived.get_nowait()
+        except queue.Empty:
+            return None
+        if line is None:
+            self.output_closed = True
+            return None
+        self.lines.append(line)
+        return line[1]
+
+    @property
+    def exited(self) -> bool:
+        """The launcher has ended (its output may stay open while an orphan of a failed rank holds it)."""
+        return self.output_closed or self.process.poll() is not None
+
+    def pause(self) -> None:
+        self.seen |= signal_tree(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.seen |= signal_tree(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.terminate()
+        self.reap()
+
+    def terminate(self) -> None:
+        """SIGTERM to the launcher's process group, once: srun.sh and torchrun both pass it on and stop their ranks,
+        which run in sessions of their own (a SIGKILL to the launcher's group would leave them on the GPUs and the
+        port); a second SIGTERM could catch a rank in its exit. Resumed first: a stopped process acts on no signal
+        but SIGKILL."""
+        self.resume()
+        if not self.terminated:
+            self.terminated = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+
+    def reap(self) -> None:
+        """Wait a minute for the launcher after terminate(), then SIGKILL its group; then SIGKILL every process of its
+        tree seen so far that is still there, such as a data loader worker that a failed rank left behind."""
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        for pid, started in self.seen.items():
+            if start_time(pid) == started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        (self.directory / "console.log").write_text("".join(f"{at:9.2f}  {text}" for at, text in self.lines))
+
+
 def run(command: list[str], directory: Path, timeout_s: float, env: dict[str, str] | None = None) -> Finished:
     """Run one launch in `directory` until it exits, or stop it (and every rank) after timeout_s or when the benchmark
     itself is stopped. Its console, each line with its arrival time, goes to directory/console.log too."""
-    directory.mkdir(parents=True, exist_ok=True)
-    # Unbuffered, so that each line arrives when it is printed; both launches get the same environment.
-    environment = {**os.environ, "OUTPUT_ROOT": str(directory / "outputs"), "PYTHONUNBUFFERED": "1", **(env or {})}
-    started = time.monotonic()
-    process = subprocess.Popen(
-        command,
-        cwd=directory,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    arrived: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=timed_lines, args=(process.stdout, started, arrived), daemon=True).start()
-    lines: list[tuple[float, str]] = []
-    deadline = started + timeout_s
+    launch = Launch(command, directory, env)
+    deadline = launch.started + timeout_s
     try:
-        while (line := arrived.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
-            lines.append(line)
-        returncode: int | str = process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except (queue.Empty, subprocess.TimeoutExpired):
-        stop(process)
+        while not launch.output_closed:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(command, timeout_s)
+            launch.receive(deadline - time.monotonic())
+        returncode: int | str = launch.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        launch.stop()
         returncode = f"timeout {timeout_s:g} s"
     except BaseException:
-        stop(process)
+        launch.stop()
         raise
     finally:
-        (directory / "console.log").write_text("".join(f"{at:9.2f}  {text}" for at, text in lines))
-    return Finished(returncode, round(time.monotonic() - started, 1), lines)
+        launch.close()
+    return Finished(returncode, round(time.monotonic() - launch.started, 1), launch.lines)
 
 
 def timed_lines(stream: IO[str], started: float, arrived: queue.SimpleQueue) -> None:
@@ -127,17 +201,49 @@ def timed_lines(stream: IO[str], started: float, arrived: queue.SimpleQueue) -> 
     arrived.put(None)
 
 
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM first: srun.sh and torchrun both pass it on and stop their ranks, which run in sessions of their own, so
-    a SIGKILL to the launcher's group would leave them on the GPUs and the port. SIGKILL after a minute."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
+def process_tree(root: int) -> dict[int, str]:
+    """root and every process below it, from /proc, with their start times: the ranks run in sessions of their own,
+    which no process group of the launcher holds."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        if fields := stat_fields(stat):
+            pid = int(stat.parent.name)
+            children.setdefault(int(fields[1]), []).append(pid)
+            started[pid] = fields[19]
+    tree, below = {}, [root]
+    while below:
+        pid = below.pop()
+        tree[pid] = started.get(pid, "")
+        below.extend(children.get(pid, ()))
+    return tree
+
+
+def stat_fields(stat: Path) -> list[str] | None:
+    """/proc/PID/stat after the process name: state, parent pid, ... (index 19: the start time); None once it ended."""
     try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def start_time(pid: int) -> str | None:
+    fields = stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields[19] if fields else None
+
+
+def signal_tree(root: int, signum: int) -> dict[int, str]:
+    """signum to every process of root's tree; returns the tree. A process forked while the tree was read escapes one
+    pass, so SIGSTOP walks the tree again until no new process turns up."""
+    signalled: dict[int, str] = {}
+    while tree := {pid: at for pid, at in process_tree(root).items() if pid not in signalled}:
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        signalled |= tree
+        if signum != signal.SIGSTOP:
+            break
+    return signalled
 
 
 def scalars(directory: Path) -> dict[str, dict[int, tuple[float, float]]]:

@@ -21,6 +21,7 @@ REFUSALS = (AssertionError, ValueError, TypeError, KeyError, NotImplementedError
 
 def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
     check_profiling(cfg)
+    check_cuda_graph_rng(cfg)
     if world_size is None:
         return
     validated = upstream_validated(cfg, world_size)
@@ -41,6 +42,16 @@ def check_profiling(cfg: ConfigContainer) -> None:
         raise UsageError(
             f"profiling window profile_step_start={start}..profile_step_end={end} is outside train.train_iters={iters}:"
             " pick 0 <= profile_step_start < profile_step_end <= train.train_iters"
+        )
+
+
+def check_cuda_graph_rng(cfg: ConfigContainer) -> None:
+    """Megatron Bridge's model provider refuses CUDA graphs without Transformer Engine's RNG tracker, but only when it
+    builds the model, on every rank; its validation passes them."""
+    impl = getattr(cfg.model, "cuda_graph_impl", "none")
+    if impl != "none" and not (getattr(cfg.model, "use_te_rng_tracker", False) or cfg.rng.te_rng_tracker):
+        raise UsageError(
+            f"model.cuda_graph_impl={impl} needs Transformer Engine's RNG tracker: add model.use_te_rng_tracker=true"
         )
 
 

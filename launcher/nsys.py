@@ -46,7 +46,7 @@ def profile_command(cfg: ConfigContainer, argv: list[str]) -> list[str] | None:
 
 def exec_under_nsys(command: list[str]) -> None:
     """Replace this process by `command`; nsys then starts the rank again as its child."""
-    Path(command[command.index("-o") + 1]).parent.mkdir(parents=True, exist_ok=True)
+    Path(command[command.index("-o") + 1]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.environ[UNDER_NSYS] = "1"
     try:
         os.execvp(command[0], command)

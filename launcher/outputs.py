@@ -91,8 +91,14 @@ def without_url_credentials(text: str) -> str:
 
 
 def recorded_environment() -> dict[str, str]:
-    environment = sorted(os.environ.items())
-    return {name: without_url_credentials(value) for name, value in environment if name in RECORDED_ENV_NAMES}
+    environment = dict(os.environ)
+    if "SRUN_SH_JOB_NAME" in environment:  # inside srun.sh's step, SLURM_JOB_NAME is the step's name
+        environment["SLURM_JOB_NAME"] = environment["SRUN_SH_JOB_NAME"]
+    return {
+        name: without_url_credentials(value)
+        for name, value in sorted(environment.items())
+        if name in RECORDED_ENV_NAMES
+    }
 
 
 def write_private(path: Path, text: str) -> None:

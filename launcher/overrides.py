@@ -193,7 +193,10 @@ def matches_type(value: Any, annotation: Any) -> bool:
     if annotation in SCALARS:
         return SCALARS[annotation](value)
     if isinstance(annotation, type) and issubclass(annotation, Enum):
-        return value in annotation.__members__ or value in {m.value for m in annotation}
+        # A list or a dict is never a member, and testing it against the members would hash it.
+        return isinstance(value, (str, int)) and (
+            value in annotation.__members__ or value in {m.value for m in annotation}
+        )
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return isinstance(value, dict) or value is None
     return True

@@ -4,15 +4,34 @@
 # output in RUN_DIR/logs/rank-RANK.log beside the labelled console, and records how it ended for srun.sh's failure
 # report. Sourced by srun.sh, whose variables and helpers (die, visible_gpus) it uses.
 
-# A rank that cannot start says why in one line and leaves its status for srun.sh's report.
+# A rank that cannot start says why in one line, in its log and once for the whole job (the first rank to get there
+# leaves it for srun.sh's report, as entrypoint.py does with a config error: eight ranks a node would repeat it), and
+# leaves its status for the report.
 rank_fails() {
-  printf 'srun.sh: %s\n' "$*" >&2
+  local line="srun.sh: $*"
+  (umask 077 && printf '%s\n' "$line" >>"$RANK_LOG")
+  (set -o noclobber && umask 077 && printf '%s\n' "$line" >"$RUN_DIR/logs/usage-error") 2>/dev/null || true
   record_rank_status 2
   exit 2
 }
 
 record_rank_status() {
-  printf '%s %s %s\n' "$1" "$(date +%s.%N)" "$(uname -n)" >"$RUN_DIR/logs/rank-$RANK.status"
+  (umask 077 && printf '%s %s %s\n' "$1" "$(date +%s.%N)" "$(uname -n)" >"$RUN_DIR/logs/rank-$RANK.status")
+}
+
+# A rank without a GPU of its own: the hint names what can work (GPUS_PER_NODE=0 cannot).
+check_rank_gpu() {
+  local visible
+  visible=$(visible_gpus)
+  ((LOCAL_RANK >= visible)) || return 0
+  local rank devices allocate="salloc --gpus-per-node=$LOCAL_WORLD_SIZE"
+  rank="rank $RANK (local rank $LOCAL_RANK) on $(uname -n)"
+  devices="CUDA_VISIBLE_DEVICES=$(q "${CUDA_VISIBLE_DEVICES-unset}")"
+  if ((visible == 0)); then
+    rank_fails "$rank sees no GPU ($devices): allocate GPUs for the job ($allocate)"
+  fi
+  rank_fails "$rank sees $visible GPU(s) ($devices): set GPUS_PER_NODE=$visible or allocate" \
+    "$LOCAL_WORLD_SIZE GPUs a node ($allocate)"
 }
 
 # Gloo (Megatron's CPU groups, torch's store fallbacks) binds the address the host's own name resolves to, which is
@@ -31,6 +50,7 @@ export_gloo_interface() {
 # Both outlive a SIGTERM to the step, so the rank's last words are kept.
 label_and_log() {
   trap '' INT TERM
+  umask 077
   sed -u '' | tee -a "$1" | sed -u "s/^/$RANK: /"
 }
 
@@ -47,20 +67,19 @@ exec_rank() {
   trap '' USR2
   export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$RANK}             # per rank: no compile-cache races
   export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions_$RANK} # per rank, likewise
-  (umask 077 && mkdir -p -- "$RUN_DIR/logs")
-  local visible
-  visible=$(visible_gpus)
-  ((LOCAL_RANK < visible)) ||
-    rank_fails "rank $RANK (local rank $LOCAL_RANK) on $(uname -n) sees $visible GPU(s)" \
-      "(CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}): set GPUS_PER_NODE=$visible or allocate" \
-      "$LOCAL_WORLD_SIZE GPUs a node (salloc --gpus-per-node=$LOCAL_WORLD_SIZE)"
+  RANK_LOG=$RUN_DIR/logs/rank-$RANK.log
+  local error
+  error=$(umask 077 && mkdir -p -- "$RUN_DIR/logs" 2>&1) ||
+    die "rank $RANK on $(uname -n) cannot write its log in $(q "$RUN_DIR/logs") (${error##*: }):" \
+      "OUTPUT_ROOT must be writable on every node"
+  check_rank_gpu
   export_gloo_interface
 
   local out err status=0
   local -a log_pids=()
-  exec {out}> >(label_and_log "$RUN_DIR/logs/rank-$RANK.log")
+  exec {out}> >(label_and_log "$RANK_LOG")
   log_pids+=("$!")
-  exec {err}> >(label_and_log "$RUN_DIR/logs/rank-$RANK.log" >&2)
+  exec {err}> >(label_and_log "$RANK_LOG" >&2)
   log_pids+=("$!")
   # The rank is this shell's only child, in the foreground: a signal reaches it directly (srun and torchrun signal
   # every process of the rank), and this shell outlives the signal to record how the rank ended. The report of

@@ -31,38 +31,54 @@ min_cpus_per_node() {
   printf '%s\n' "$min"
 }
 
-# Longest MOUNT entry whose source holds PATH: prints PATH's name inside the container, or fails.
-container_path() {
-  local path=$1 best_src='' best_dst='' entry src dst rest
-  local -a entries
+# MOUNT split into its entries: MOUNT_SRCS (absolute; or pyxis's tmpfs and umount), MOUNT_DSTS, MOUNT_FLAGS, and
+# CONTAINER_MOUNTS, MOUNT as pyxis gets it. pyxis takes a source that starts with neither / nor ./ for neither a path
+# nor anything else, and refuses the whole step on every node, so relative sources are made absolute here.
+parse_mounts() {
+  MOUNT_SRCS=() MOUNT_DSTS=() MOUNT_FLAGS=()
+  local -a entries given=()
+  local entry src dst flags rest
   IFS=, read -ra entries <<<"$MOUNT"
   for entry in "${entries[@]}"; do
-    IFS=: read -r src dst rest <<<"$entry"
-    src=$(realpath -m -- "$src")
-    if [[ ($path == "$src" || $path == "$src"/* || $src == /) && ${#src} -gt ${#best_src} ]]; then
-      best_src=$src best_dst=$dst
-    fi
-  done
-  [[ -n $best_src ]] || return 1
-  if [[ $best_src == / ]]; then
-    printf '%s\n' "${best_dst%/}$path"
-  else
-    printf '%s\n' "$best_dst${path#"$best_src"}"
-  fi
-}
-
-validate_mounts() {
-  local -a entries
-  local entry src dst rest
-  IFS=, read -ra entries <<<"$MOUNT"
-  for entry in "${entries[@]}"; do
-    IFS=: read -r src dst rest <<<"$entry"
-    if [[ -z $src || $dst != /* || $rest == *:* ]]; then
+    IFS=: read -r src dst flags rest <<<"$entry"
+    if [[ -z $src || $dst != /* || -n $rest ]]; then
       die "MOUNT entry $(q "$entry") is not SRC:DST[:FLAGS] with an absolute DST:" \
         "fix MOUNT, e.g. MOUNT=$(q "$REPO_DIR:/workspace/megatron")"
     fi
-    [[ -e $src ]] || die "MOUNT source $(q "$src") does not exist on this host: create it or drop it from MOUNT"
+    if [[ $src != tmpfs && $src != umount ]]; then
+      [[ -e $src ]] || die "MOUNT source $(q "$src") does not exist on this host: create it or drop it from MOUNT"
+      src=$(realpath -s -- "$src")
+    fi
+    MOUNT_SRCS+=("$src") MOUNT_DSTS+=("$dst") MOUNT_FLAGS+=("$flags")
+    given+=("$src:$dst${flags:+:$flags}")
   done
+  local IFS=,
+  CONTAINER_MOUNTS=${given[*]}
+}
+
+# Index of the MOUNT entry whose source holds PATH, the longest such; fails when none does.
+mount_index() {
+  local path=$1 best=-1 best_len=-1 i src
+  for i in "${!MOUNT_SRCS[@]}"; do
+    [[ ${MOUNT_SRCS[i]} == tmpfs || ${MOUNT_SRCS[i]} == umount ]] && continue
+    src=$(realpath -m -- "${MOUNT_SRCS[i]}")
+    if [[ ($path == "$src" || $path == "$src"/* || $src == /) && ${#src} -gt $best_len ]]; then
+      best=$i best_len=${#src}
+    fi
+  done
+  ((best >= 0)) && printf '%s\n' "$best"
+}
+
+# PATH's name inside the container, or fails when no MOUNT entry holds it.
+container_path() {
+  local path=$1 i src dst
+  i=$(mount_index "$path") || return 1
+  src=$(realpath -m -- "${MOUNT_SRCS[i]}") dst=${MOUNT_DSTS[i]}
+  if [[ $src == / ]]; then
+    printf '%s\n' "${dst%/}$path"
+  else
+    printf '%s\n' "$dst${path#"$src"}"
+  fi
 }
 
 # PATH's name in the container, or a one-line error naming WHAT could not be seen there.
@@ -71,6 +87,31 @@ in_container() {
   container_path "$path" ||
     die "$what $(q "$path") is outside every MOUNT source, so the ranks cannot see it:" \
       "add its directory to MOUNT (now $(q "$MOUNT"))"
+}
+
+# The ranks write logs, checkpoints and traces under OUTPUT_ROOT: its mount must not be read-only (pyxis's flags are
+# joined by '+', as in ro+rprivate).
+validate_output_mount() {
+  local i flag
+  local -a flags
+  i=$(mount_index "$RUN_ROOT")
+  IFS=+ read -ra flags <<<"${MOUNT_FLAGS[i]}"
+  for flag in "${flags[@]}"; do
+    [[ $flag != ro ]] ||
+      die "OUTPUT_ROOT $(q "$RUN_ROOT") is in MOUNT entry $(q "${MOUNT_SRCS[i]}:${MOUNT_DSTS[i]}:${MOUNT_FLAGS[i]}")," \
+        "which the ranks see read-only: drop :ro from it, or set OUTPUT_ROOT to a folder of a writable mount"
+  done
+}
+
+# A squashfs file, named by its absolute path: pyxis takes a name that starts with neither / nor ./ for an image to
+# pull from a registry.
+validate_image() {
+  [[ -f $SQSH ]] || die "image SQSH=$(q "$SQSH") does not exist:" "build it with 'make build' or point SQSH at one"
+  local magic
+  magic=$(LC_ALL=C head -c 4 -- "$SQSH" 2>/dev/null | tr -d '\0') || true
+  [[ $magic == hsqs ]] ||
+    die "image SQSH=$(q "$SQSH") is not a squashfs file:" "build one with 'make build' or point SQSH at the .sqsh it wrote"
+  SQSH=$(realpath -s -- "$SQSH")
 }
 
 validate_local_gpus() {
@@ -119,12 +160,13 @@ validate_paths() {
   recipe_abs=$(realpath -- "$RECIPE")
   RUN_ROOT=$(realpath -m -- "$OUTPUT_ROOT")/$(basename -- "$RECIPE" .py)
   if ((USE_CONTAINER)); then
-    [[ -f $SQSH ]] || die "image SQSH=$(q "$SQSH") does not exist:" "build it with 'make build' or point SQSH at one"
-    validate_mounts
+    validate_image
+    parse_mounts
     # The ranks run this checkout's code, not the copy baked into the image, so recipe and code always match.
     CODE_DIR=$(in_container "this checkout" "$REPO_DIR")
     RECIPE_ARG=$(in_container "recipe" "$recipe_abs")
     RUN_ROOT_IN=$(in_container "OUTPUT_ROOT" "$RUN_ROOT")
+    validate_output_mount
     TASK_WORKDIR=$(container_path "$(pwd -P)") || TASK_WORKDIR=$CODE_DIR
   else
     command -v "$PYTHON" >/dev/null ||
@@ -152,6 +194,10 @@ validate() {
       "set it to the GPUs per node, e.g. GPUS_PER_NODE=8"
   if [[ -n $MASTER_PORT ]] && ! { is_positive_int "$MASTER_PORT" && ((MASTER_PORT <= 65535)); }; then
     die "MASTER_PORT=$(q "$MASTER_PORT") is not a port number:" "set 1-65535 or leave it unset"
+  fi
+  if [[ -n $CONTAINER_NAME && ! ($CONTAINER_NAME =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$) ]]; then
+    die "CONTAINER_NAME=$(q "$CONTAINER_NAME") is not a container name:" \
+      "use letters, digits, '.', '_' and '-', or leave it unset for an unnamed container"
   fi
   if [[ -n $RUN_ID && ! ($RUN_ID =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$) ]]; then
     die "RUN_ID=$(q "$RUN_ID") is not a run name:" "use letters, digits, '.', '_' and '-', as in 4242-20261130-101500"

@@ -1,4 +1,4 @@
-"""DeepSeek-V2 (236B MoE, 21B active) pretraining on 4 nodes of 8 H200 GPUs, mock data.
+"""DeepSeek-V2 (236B MoE, 21B active) pretraining on 4 nodes of 8 H200 GPUs; mock data unless data_paths= is given.
 
 salloc -N 4 ./srun.sh recipes/deepseek_v2_pretrain.py hf_path=/fsx/models/deepseek-ai/DeepSeek-V2
 """
@@ -17,6 +17,8 @@ def configure(
     hf_path: str | None = None,
     moe_token_dispatcher_type: str | None = None,
     use_megatron_fsdp: bool = False,
+    data_paths: list[str | float] | str | None = None,
+    tokenizer_path: str | None = None,
 ) -> ConfigContainer:
     cfg = from_hf(deepseek_v2_pretrain_config, HUB_ID, hf_path)
 
@@ -46,4 +48,11 @@ def configure(
     # Checkpoint: none.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, moe_token_dispatcher_type=moe_token_dispatcher_type, use_megatron_fsdp=use_megatron_fsdp)
+    return apply_switches(
+        cfg,
+        moe_token_dispatcher_type=moe_token_dispatcher_type,
+        use_megatron_fsdp=use_megatron_fsdp,
+        data_paths=data_paths,
+        tokenizer_path=tokenizer_path,
+        hf_path=hf_path,
+    )

@@ -13,8 +13,15 @@ from megatron.bridge.training.config import ConfigContainer
 from recipes import llama3_8b_pretrain
 
 
-def configure(hf_path: str = str(llama3_8b_pretrain.ARCHITECTURE), use_megatron_fsdp: bool = True) -> ConfigContainer:
-    cfg = llama3_8b_pretrain.configure(hf_path=hf_path, use_megatron_fsdp=use_megatron_fsdp)
+def configure(
+    hf_path: str = str(llama3_8b_pretrain.ARCHITECTURE),
+    use_megatron_fsdp: bool = True,
+    data_paths: list[str | float] | str | None = None,
+    tokenizer_path: str | None = None,
+) -> ConfigContainer:
+    cfg = llama3_8b_pretrain.configure(
+        hf_path=hf_path, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
+    )
     # Half as many micro-batches a step, and Megatron FSDP gathers the weights and reduce-scatters the gradients once
     # per micro-batch.
     cfg.train.micro_batch_size = 2

@@ -1,4 +1,4 @@
-"""Llama 3 8B pretraining with Megatron FSDP, mock data, no hub access.
+"""Llama 3 8B pretraining with Megatron FSDP, no hub access; mock data unless data_paths= is given.
 
 The architecture comes from hf_configs/llama3_8b/config.json (Meta-Llama-3-8B's published shape); pass
 hf_path=/fsx/models/meta-llama/Meta-Llama-3-8B to start from real weights instead.
@@ -18,7 +18,12 @@ HUB_ID = "meta-llama/Meta-Llama-3-8B"
 ARCHITECTURE = Path(__file__).parent / "hf_configs" / "llama3_8b"
 
 
-def configure(hf_path: str = str(ARCHITECTURE), use_megatron_fsdp: bool = True) -> ConfigContainer:
+def configure(
+    hf_path: str = str(ARCHITECTURE),
+    use_megatron_fsdp: bool = True,
+    data_paths: list[str | float] | str | None = None,
+    tokenizer_path: str | None = None,
+) -> ConfigContainer:
     cfg = from_hf(llama3_8b_pretrain_config, HUB_ID, hf_path)
 
     # Parallelism: FSDP shards parameters, gradients and optimizer state over all ranks; no TP/PP/CP needed at 8B.
@@ -39,4 +44,6 @@ def configure(hf_path: str = str(ARCHITECTURE), use_megatron_fsdp: bool = True) 
     # Checkpoint: none by default; saving with FSDP uses the fsdp_dtensor format the switch sets.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, use_megatron_fsdp=use_megatron_fsdp)
+    return apply_switches(
+        cfg, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path, hf_path=hf_path
+    )

@@ -1,4 +1,4 @@
-"""Qwen3-30B-A3B (MoE, 3B active) pretraining on 2 nodes of 8 GPUs, mock data.
+"""Qwen3-30B-A3B (MoE, 3B active) pretraining on 2 nodes of 8 GPUs; mock data unless data_paths= is given.
 
 salloc -N 2 ./srun.sh recipes/qwen3_30b_a3b_pretrain.py hf_path=/fsx/models/Qwen/Qwen3-30B-A3B
 """
@@ -15,6 +15,8 @@ def configure(
     hf_path: str | None = None,
     moe_token_dispatcher_type: str | None = None,
     use_megatron_fsdp: bool = False,
+    data_paths: list[str | float] | str | None = None,
+    tokenizer_path: str | None = None,
 ) -> ConfigContainer:
     cfg = from_hf(qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, HUB_ID, hf_path)
 
@@ -36,4 +38,11 @@ def configure(
     # Checkpoint: none.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, moe_token_dispatcher_type=moe_token_dispatcher_type, use_megatron_fsdp=use_megatron_fsdp)
+    return apply_switches(
+        cfg,
+        moe_token_dispatcher_type=moe_token_dispatcher_type,
+        use_megatron_fsdp=use_megatron_fsdp,
+        data_paths=data_paths,
+        tokenizer_path=tokenizer_path,
+        hf_path=hf_path,
+    )

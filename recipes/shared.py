@@ -1,4 +1,5 @@
-"""Switches every recipe shares, ours or a user's: offline Hugging Face models, the MoE dispatcher, Megatron FSDP.
+"""Switches every recipe shares, ours or a user's: offline Hugging Face models, the MoE dispatcher, Megatron FSDP, and
+the data to train on (mock data unless data_paths names prepared datasets).
 
 A recipe calls these on the ConfigContainer it builds; `entrypoint.py` passes the matching `NAME=VALUE` arguments to
 the recipe's `configure()`. Each switch raises ValueError with a message a user can act on.
@@ -9,9 +10,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from megatron.bridge import AutoBridge
-from megatron.bridge.training.config import ConfigContainer
+from megatron.bridge.recipes.utils.dataset_utils import get_blend_fields_from_data_paths
+from megatron.bridge.training.config import ConfigContainer, GPTDatasetConfig, MockGPTDatasetConfig
 
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_PATTERN = "tokenizer*"  # tokenizer.json, tokenizer_config.json, tokenizer.model
 DISPATCHERS = ("allgather", "alltoall", "flex", "deepep")
 
 
@@ -83,12 +86,77 @@ def use_local_tokenizer(cfg: ConfigContainer, hub_id: str, local_dir: Path) -> N
     if cfg.tokenizer.tokenizer_model != hub_id:
         return
     cfg.tokenizer.hf_tokenizer_kwargs = {}
-    if next(local_dir.glob("tokenizer*"), None):
+    if has_tokenizer(local_dir):
         cfg.tokenizer.tokenizer_model = str(local_dir)
         return
     cfg.tokenizer.tokenizer_type = "NullTokenizer"
     cfg.tokenizer.tokenizer_model = None
     cfg.tokenizer.vocab_size = cfg.model.vocab_size
+
+
+def has_tokenizer(path: Path) -> bool:
+    return next(path.glob(TOKENIZER_PATTERN), None) is not None
+
+
+def set_hf_tokenizer(cfg: ConfigContainer, directory: str) -> None:
+    """The Hugging Face tokenizer in directory, with its own vocabulary size."""
+    cfg.tokenizer.tokenizer_type = "HuggingFaceTokenizer"
+    cfg.tokenizer.tokenizer_model = directory
+    cfg.tokenizer.hf_tokenizer_kwargs = {}
+    cfg.tokenizer.vocab_size = None
+
+
+def is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def blend_list(data_paths: list[str | float] | str) -> list[str]:
+    """data_paths as the list Megatron's --data-path takes: prefixes, or weight and prefix pairs.
+
+    A list (data_paths=[0.7,/fsx/a,0.3,/fsx/b]) or Megatron's own whitespace-separated form ("0.7 /fsx/a 0.3 /fsx/b").
+    """
+    words = data_paths.split() if isinstance(data_paths, str) else [str(word) for word in data_paths]
+    example = "data_paths=/fsx/data/web, data_paths=[/fsx/a,/fsx/b] or data_paths=[0.7,/fsx/a,0.3,/fsx/b]"
+    if not words:
+        raise ValueError(f"data_paths is empty: give the prefix of each prepared dataset, e.g. {example}")
+    weights, prefixes = words[0::2], words[1::2]
+    weighted = len(words) % 2 == 0 and all(map(is_number, weights)) and not any(map(is_number, prefixes))
+    if weighted and any(float(weight) <= 0 for weight in weights):
+        raise ValueError(f"data_paths '{' '.join(words)}' has a weight of 0 or less: each weight must be above 0")
+    if not weighted and any(map(is_number, words)):
+        given = " ".join(words)
+        raise ValueError(
+            f"data_paths '{given}' mixes numbers and prefixes: give prefixes, or WEIGHT PREFIX pairs: {example}"
+        )
+    return words
+
+
+def set_data(
+    cfg: ConfigContainer, data_paths: list[str | float] | str | None, tokenizer_path: str | None, hf_path: str | None
+) -> None:
+    """Train on the Megatron indexed datasets (PREFIX.bin + PREFIX.idx, tools/prepare_data.py) of data_paths instead of
+    mock data, with the tokenizer they were prepared with: tokenizer_path, else hf_path's when it holds one.
+
+    Megatron Bridge's recipe helper turns the list into the blend; the recipe keeps its train/valid/test split. The
+    datasets and the tokenizer are checked before training (launcher/data.py), where the ranks see them.
+    """
+    if tokenizer_path is None and data_paths is not None and hf_path is not None and has_tokenizer(Path(hf_path)):
+        tokenizer_path = hf_path
+    if tokenizer_path is not None:
+        set_hf_tokenizer(cfg, tokenizer_path)
+    if data_paths is None:
+        return
+    if not isinstance(cfg.dataset, GPTDatasetConfig) or isinstance(cfg.dataset, MockGPTDatasetConfig):
+        kind = type(cfg.dataset).__name__
+        raise ValueError(
+            f"data_paths needs a GPTDatasetConfig, but this recipe's dataset is a {kind}: change the recipe"
+        )
+    blend, blend_per_split, _ = get_blend_fields_from_data_paths(data_paths=blend_list(data_paths))
+    cfg.dataset.blend, cfg.dataset.blend_per_split = blend, blend_per_split
 
 
 def set_moe_dispatcher(cfg: ConfigContainer, dispatcher: str | None) -> None:
@@ -123,8 +191,12 @@ def apply_switches(
     *,
     moe_token_dispatcher_type: str | None = None,
     use_megatron_fsdp: bool = False,
+    data_paths: list[str | float] | str | None = None,
+    tokenizer_path: str | None = None,
+    hf_path: str | None = None,
 ) -> ConfigContainer:
-    """Apply every shared switch a recipe exposes as a configure() keyword."""
+    """Apply every shared switch a recipe exposes as a configure() keyword (hf_path: where from_hf read the model)."""
     set_moe_dispatcher(cfg, moe_token_dispatcher_type)
     set_megatron_fsdp(cfg, use_megatron_fsdp)
+    set_data(cfg, data_paths, tokenizer_path, hf_path)
     return cfg

@@ -1,8 +1,10 @@
 """A small GPT that trains offline on 1-2 GPUs in about a minute: the first run on a new machine or cluster.
 
-No hub, mock data, null tokenizer. Builds on Megatron Bridge's vanilla GPT recipe (Megatron-LM defaults).
+No hub, mock data, null tokenizer. Builds on Megatron Bridge's vanilla GPT recipe (Megatron-LM defaults). On your data,
+its vocabulary is the tokenizer's:
 
     ./srun.sh --local recipes/tiny_gpt_pretrain.py
+    ./srun.sh --local recipes/tiny_gpt_pretrain.py data_paths=/fsx/data/web tokenizer_path=/fsx/models/my-tokenizer
 """
 
 from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
@@ -11,7 +13,11 @@ from megatron.bridge.training.config import ConfigContainer
 from recipes.shared import apply_switches
 
 
-def configure(use_megatron_fsdp: bool = False) -> ConfigContainer:
+def configure(
+    use_megatron_fsdp: bool = False,
+    data_paths: list[str | float] | str | None = None,
+    tokenizer_path: str | None = None,
+) -> ConfigContainer:
     cfg = vanilla_gpt_pretrain_config()
 
     # Model: 4 layers of Llama-style blocks, Transformer Engine layers.
@@ -26,7 +32,7 @@ def configure(use_megatron_fsdp: bool = False) -> ConfigContainer:
     cfg.model.seq_length = 2048
     cfg.model.transformer_impl = "transformer_engine"
 
-    # Training: 100 short steps on mock data.
+    # Training: 100 short steps (mock data unless data_paths is given).
     cfg.dataset.seq_length = 2048
     cfg.train.train_iters = 100
     cfg.train.global_batch_size = 32
@@ -39,4 +45,6 @@ def configure(use_megatron_fsdp: bool = False) -> ConfigContainer:
     # Checkpoint: none by default (`checkpoint.save_interval=50` turns saving on).
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, use_megatron_fsdp=use_megatron_fsdp)
+    return apply_switches(
+        cfg, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
+    )

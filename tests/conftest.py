@@ -1,5 +1,8 @@
-"""Shared fixtures: the repository, a CLI runner for entrypoint.py, and tiny Hugging Face model folders."""
+"""Shared fixtures: the repository, a CLI runner for entrypoint.py, tiny Hugging Face model folders, and a corpus with
+its tokenizer and prepared dataset."""
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +51,38 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
         return made[shape]
 
     return make
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    texts: list[str]
+    jsonl: Path  # one {"id": N, "text": ...} a line
+    tokenizer: Path  # a Hugging Face tokenizer folder trained on the first few KB of texts
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    prefix: Path  # PREFIX.bin + PREFIX.idx
+    result: subprocess.CompletedProcess  # tools/prepare_data.py's run that wrote them
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    root = tmp_path_factory.mktemp("corpus")
+    texts = hf_models.sample_texts(300)
+    jsonl = root / "web.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": i, "text": text}) + "\n" for i, text in enumerate(texts)))
+    return Corpus(texts, jsonl, hf_models.write_tokenizer(root / "tokenizer", texts[:30]))
+
+
+@pytest.fixture(scope="session")
+def prepared(corpus: Corpus, tmp_path_factory: pytest.TempPathFactory) -> Prepared:
+    """The corpus through tools/prepare_data.py, as a user runs it, with 2 workers."""
+    prefix = tmp_path_factory.mktemp("prepared") / "web"
+    command = [sys.executable, str(REPO / "tools" / "prepare_data.py"), str(corpus.jsonl), "--workers", "2"]
+    command += ["--tokenizer", str(corpus.tokenizer), "--output-prefix", str(prefix)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    return Prepared(prefix, result)
 
 
 @pytest.fixture

@@ -1,13 +1,23 @@
-"""Tiny Hugging Face model folders in the shapes our recipes read, written by the tests (no hub, no download).
+"""Tiny Hugging Face model folders in the shapes our recipes read, written by the tests (no hub, no download), and
+a tokenizer trained here on text made here, for the tests that prepare data.
 
 `python3 tests/hf_models.py deepseek_v2 DIR [--weights]` writes one from the command line (the GPU suite uses it).
 """
 
 import argparse
+import random
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DeepseekV2Config, LlamaConfig, PretrainedConfig, Qwen3MoeConfig
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV2Config,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+)
 
 
 def deepseek_v2(layers: int = 4) -> PretrainedConfig:
@@ -127,6 +137,48 @@ def hf_loss(directory: Path, tokens: torch.Tensor) -> float:
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     with torch.no_grad():
         return float(model(input_ids=tokens, labels=tokens).loss)
+
+
+# Words of the made-up documents; sentences follow one pattern, so a model's loss on them falls within a few steps.
+SUBJECTS = ("the cat", "a dog", "my friend", "the old man", "our teacher", "the small bird", "a farmer", "the child")
+VERBS = ("sees", "likes", "finds", "carries", "paints", "follows", "remembers", "builds")
+OBJECTS = ("a red house", "the river", "two apples", "the green hill", "a long letter", "the winter sky", "bread")
+PLACES = ("in the morning", "near the sea", "after dinner", "on the road", "at school", "in the garden")
+
+
+def sample_texts(count: int, seed: int = 0) -> list[str]:
+    """count short English-like documents, the same for the same seed."""
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(count):
+        sentences = [
+            f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(PLACES)}."
+            for _ in range(rng.randint(2, 6))
+        ]
+        texts.append(" ".join(sentences))
+    return texts
+
+
+BOS, EOS = "<s>", "</s>"
+
+
+def write_tokenizer(directory: Path, texts: list[str], vocab_size: int = 400) -> Path:
+    """A byte-level BPE tokenizer trained on texts with the tokenizers library, saved as a Hugging Face tokenizer
+    folder (tokenizer.json, tokenizer_config.json) as a model's hf_path holds one: every encoding starts with <s>
+    (special tokens are kept, as Megatron's tokenizer keeps them), </s> is its end-of-document token."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[BOS, EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, tokenizer.token_to_id(BOS))]
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS).save_pretrained(directory)
+    return directory
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ an nsswitch.conf that resolves names from files only, and its own directory as i
 logs, pid files). Every host runs munged; ctl runs slurmctld, each node slurmd (proctrack/linuxproc, task/none, no
 cgroups). Client commands run on ctl, the login node: `cluster.run(["salloc", ...])`.
 
+A second layout, `slurm_cluster_by_name`, is SLURM's default naming: no NodeAddr (slurmctld reaches a node by its
+name), and each host's /etc/hosts lists its own name only as 127.0.1.1, the other hosts by their addresses, as
+Debian's installer leaves it: a node then knows no address of its own name that another node reaches.
+
 Resources are those of a GPU cluster: select/cons_tres, 8 CPUs and 4 count-only GPUs per node (GRES without device
 files), a default partition `gpu` that hands out whole nodes, and a partition `shared` that does not.
 When the cluster cannot start, the test fails with the daemon logs; it is never skipped. Afterwards every job is
@@ -17,6 +21,7 @@ cancelled, the daemons and holders stopped, and the directory removed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,7 +31,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -158,17 +163,17 @@ def _sh(args: list[str]) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True, timeout=20)
 
 
-def _hosts_file(name: str) -> str:
+def _hosts_file(name: str, lists_itself: bool) -> str:
     lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{name}"]  # as Debian's installer writes it
-    lines += [f"{address}\t{host}" for host, address in ADDRESSES.items()]
+    lines += [f"{address}\t{host}" for host, address in ADDRESSES.items() if lists_itself or host != name]
     return "\n".join(lines) + "\n"
 
 
-def _make_host(root: Path, name: str, bridge: subprocess.Popen) -> Host:
+def _make_host(root: Path, name: str, bridge: subprocess.Popen, node_addr: bool) -> Host:
     holder = _holder(["--net", "--uts", "--mount", "--propagation", "private"], name)
     host = Host(name=name, address=ADDRESSES[name], holder=holder, local=root / "hosts" / name)
     host.local.mkdir(parents=True)
-    (host.local / "hosts").write_text(_hosts_file(name))
+    (host.local / "hosts").write_text(_hosts_file(name, lists_itself=node_addr))
     inside = ["nsenter", f"--target={holder.pid}"]
     _sh([*inside, "--uts", "hostname", name])
     for source, target in (
@@ -211,7 +216,7 @@ def _make_bridge() -> subprocess.Popen:
     return bridge
 
 
-def _write_config(root: Path) -> Path:
+def _write_config(root: Path, node_addr: bool) -> Path:
     local = root / "local"  # each host mounts its own directory here
     local.mkdir()
     (root / "nsswitch.conf").write_text("passwd: files\ngroup: files\nshadow: files\nhosts: files\n")
@@ -223,7 +228,8 @@ def _write_config(root: Path) -> Path:
     (root / "cgroup.conf").write_text("IgnoreSystemd=yes\n")
     (root / "gres.conf").write_text(f"NodeName=node[1-2] Name=gpu File={local}/gpu[0-{NODE_GPUS - 1}]\n")
     nodes = "\n".join(
-        f"NodeName={node} NodeAddr={ADDRESSES[node]} CPUs={NODE_CPUS} Gres=gpu:{NODE_GPUS} State=UNKNOWN"
+        f"NodeName={node}{f' NodeAddr={ADDRESSES[node]}' if node_addr else ''} CPUs={NODE_CPUS}"
+        f" Gres=gpu:{NODE_GPUS} State=UNKNOWN"
         for node in NODES
     )
     conf = root / "slurm.conf"
@@ -318,8 +324,9 @@ def job_environment(base: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in base.items() if k == "SLURM_CONF" or not k.startswith(job)}
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
+@contextlib.contextmanager
+def running_cluster(node_addr: bool) -> Iterator[SlurmCluster]:
+    """ctl, node1 and node2 up until the block ends; node_addr=False: SLURM's default naming (see the module text)."""
     root = Path(tempfile.mkdtemp(prefix="srunsh-slurm-"))
     env = {**job_environment(dict(os.environ)), "SLURM_CONF": str(root / "slurm.conf")}
     holders: list[subprocess.Popen] = []
@@ -327,11 +334,11 @@ def slurm_cluster():
     try:
         try:
             started = time.monotonic()
-            _write_config(root)
+            _write_config(root, node_addr)
             bridge = _make_bridge()
             holders.append(bridge)
             for name in (CONTROLLER, *NODES):
-                cluster.hosts[name] = _make_host(root, name, bridge)
+                cluster.hosts[name] = _make_host(root, name, bridge, node_addr)
                 holders.append(cluster.hosts[name].holder)
             _start_daemons(cluster)
             idle = ["idle"] * len(NODES)
@@ -356,6 +363,18 @@ def slurm_cluster():
                 os.kill(pid, signal.SIGKILL)
         _stop(holders)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    with running_cluster(node_addr=True) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_by_name() -> Iterator[SlurmCluster]:
+    with running_cluster(node_addr=False) as cluster:
+        yield cluster
 
 
 def pid_gone(pid: int) -> bool:

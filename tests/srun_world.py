@@ -13,11 +13,19 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import NODES, SlurmCluster, job_environment, pid_gone, slurm_cluster  # noqa: F401
+from tests.slurm_cluster import (  # noqa: F401
+    NODES,
+    SlurmCluster,
+    job_environment,
+    pid_gone,
+    slurm_cluster,
+    slurm_cluster_by_name,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SRUN_SH = REPO / "srun.sh"
@@ -49,6 +57,9 @@ HOSTILE_ARGS = [
     "",
 ]
 
+# The first bytes of a squashfs file (its superblock's magic), all that srun.sh reads of SQSH.
+SQUASHFS_MAGIC = b"hsqs"
+
 # Two whole nodes and their GPUs: steps see a GPU only when the job asked for it, as on a GPU cluster with GRES.
 ALLOCATION = ("--nodes=2", "--gpus-per-node=4")
 
@@ -63,6 +74,7 @@ LAUNCHER_VARIABLES = (
     "MASTER_PORT",
     "MASTER_ADDR",
     "SQSH",
+    "CONTAINER_NAME",
     "MOUNT",
     "PYTHON",
     "NSYS",
@@ -231,16 +243,26 @@ def srun_world(tmp_path):
     return _world(tmp_path, dict(os.environ), None)
 
 
+def _world_on(tmp_path: Path, cluster: SlurmCluster) -> Iterator[SrunWorld]:
+    """A world on `cluster`; afterwards every job has ended and no process is left on either node."""
+    yield _world(tmp_path, cluster.env, cluster)
+    leftover = cluster.job_ids()
+    if leftover:  # a failed test may leave its job behind: cancel it so the next test finds idle nodes
+        cluster.run(["scancel", "--full", *leftover], timeout=20)
+    cluster.wait_idle()
+    deadline = time.monotonic() + 10
+    while any(cluster.processes_on(node) for node in NODES) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {node: cluster.processes_on(node) for node in NODES}
+    assert not any(left.values()), f"processes left on the nodes after the job: {left}"
+
+
 @pytest.fixture
 def slurm_world(tmp_path, slurm_cluster: SlurmCluster):  # noqa: F811
-    world = _world(tmp_path, slurm_cluster.env, slurm_cluster)
-    yield world
-    leftover = slurm_cluster.job_ids()
-    if leftover:  # a failed test may leave its job behind: cancel it so the next test finds idle nodes
-        slurm_cluster.run(["scancel", "--full", *leftover], timeout=20)
-    slurm_cluster.wait_idle()
-    deadline = time.monotonic() + 10
-    while any(slurm_cluster.processes_on(node) for node in NODES) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = {node: slurm_cluster.processes_on(node) for node in NODES}
-    assert not any(left.values()), f"processes left on the nodes after the job: {left}"
+    yield from _world_on(tmp_path, slurm_cluster)
+
+
+@pytest.fixture
+def slurm_world_by_name(tmp_path, slurm_cluster_by_name: SlurmCluster):  # noqa: F811
+    """A world on the cluster whose nodes have no NodeAddr and know their own name only as 127.0.1.1."""
+    yield from _world_on(tmp_path, slurm_cluster_by_name)

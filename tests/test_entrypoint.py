@@ -77,6 +77,25 @@ def test_float_and_dtype_overrides_keep_their_types(output_root: Path):
     assert cfg.model.num_layers == 2
 
 
+def test_a_list_fits_a_field_that_takes_a_name_an_enum_or_a_list_of_either(output_root: Path):
+    """TransformerConfig.cuda_graph_modules: Union[str, CudaGraphModule, List[str], List[CudaGraphModule]]. The check
+    of the enum branch hashed the list and raised TypeError with a traceback."""
+    cfg = resolve(
+        TINY,
+        "--world-size",
+        "1",
+        "model.cuda_graph_impl=transformer_engine",
+        "model.cuda_graph_modules=[attn,mlp]",
+        "model.use_te_rng_tracker=true",
+    )
+    assert cfg.model.cuda_graph_modules == ["attn", "mlp"]
+
+
+def test_cuda_graphs_without_the_te_rng_tracker_are_refused_before_any_rank_builds_a_model(output_root: Path):
+    with pytest.raises(UsageError, match=r"model.cuda_graph_impl=transformer_engine needs Transformer Engine's RNG"):
+        resolve(TINY, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=[attn,mlp]")
+
+
 def test_env_vars_dict_accepts_added_keys(output_root: Path):
     cfg = resolve(TINY, "+env_vars.NCCL_DEBUG=INFO")
     assert cfg.env_vars["NCCL_DEBUG"] == "INFO"
@@ -200,6 +219,26 @@ def test_moe_expert_parallel_must_divide_the_ranks(output_root: Path, hf_dir: Ca
         resolve(recipe, f"hf_path={hf_dir('deepseek_v2')}", "model.expert_tensor_parallel_size=8", "--world-size", "8")
 
 
+def test_deepep_on_two_ranks_is_checked_by_megatron_before_any_gpu(output_root: Path, hf_dir: Callable[[str], Path]):
+    """Megatron Bridge's validate() asks the GPU's architecture for DeepEP only as its last check (which a host without
+    a GPU skips); Megatron's own checks before it run here: the GPU suite's EP=2 DeepEP shape is accepted, a DeepEP
+    combination Megatron cannot run is refused before launch."""
+    recipe = str(REPO / "recipes" / "deepseek_v2_lite_pretrain.py")
+    two_gpus = (
+        f"hf_path={hf_dir('deepseek_v2')}",
+        "model.tensor_model_parallel_size=1",
+        "model.sequence_parallel=false",
+        "moe_token_dispatcher_type=deepep",
+        "--world-size",
+        "2",
+    )
+    cfg = resolve(recipe, *two_gpus)
+    assert (cfg.model.moe_token_dispatcher_type, cfg.model.moe_flex_dispatcher_backend) == ("flex", "deepep")
+    padded = ("model.moe_pad_expert_input_to_capacity=true", "model.moe_expert_capacity_factor=1.0")
+    with pytest.raises(UsageError, match="deepep backend does not support moe_pad_expert_input_to_capacity"):
+        resolve(recipe, *two_gpus, *padded)
+
+
 def test_expert_tensor_parallel_is_1_when_unset_with_expert_parallel_as_in_megatron_bridge(
     output_root: Path, hf_dir: Callable[[str], Path]
 ):
@@ -282,6 +321,8 @@ def test_check_prints_the_profiled_ranks_for_the_launcher(run_entrypoint):
     result = run_entrypoint(TINY, "profiling.profile_ranks=[0,3]", "--check", "--world-size", "4")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "profile_ranks=0,3"
+    (said,) = error_lines(result.stderr)  # once: the run trains on mock data
+    assert said.startswith("entrypoint.py: data: mock (tokens Megatron generates, not a corpus): pass data_paths=")
     every = run_entrypoint(TINY, "profiling.profile_ranks=[]", "--check", "--world-size", "4")
     assert every.stdout.splitlines()[-1] == "profile_ranks=0,1,2,3"
 
@@ -353,6 +394,16 @@ def test_launch_record_keeps_only_known_variables_and_no_credentials(
     assert environment["HF_HUB_OFFLINE"] == "1"
     for secret in ("hunter2", "s3cr3t", "t0k3n", "pa55"):
         assert secret not in text
+
+
+def test_launch_record_names_the_allocations_job_not_srun_sh_step(output_root: Path, monkeypatch: pytest.MonkeyPatch):
+    """Inside srun.sh's step SLURM_JOB_NAME is the step's --job-name; srun.sh passes the job's own name on."""
+    monkeypatch.setenv("SLURM_JOB_NAME", "srunsh-4242-20261201-101500")
+    monkeypatch.setenv("SRUN_SH_JOB_NAME", "llama-pretraining")
+    run_dir = output_root / "tiny_gpt_pretrain" / "test-run"
+    entrypoint.outputs.save_run_record(resolve(TINY), run_dir)
+    environment = json.loads((run_dir / "launch.json").read_text())["environment"]
+    assert environment["SLURM_JOB_NAME"] == "llama-pretraining"
 
 
 def test_run_record_is_readable_by_its_owner_only(output_root: Path):

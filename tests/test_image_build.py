@@ -5,59 +5,33 @@ stand-ins of tests/fixtures/image; each test checks the exact commands they rece
 the docker CLI itself packs, caught by a stand-in daemon.
 """
 
-import http.server
-import io
 import itertools
 import json
 import os
 import re
 import shlex
 import shutil
-import socketserver
 import subprocess
 import sys
-import tarfile
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.docker_context import checkout_files, docker_build_context
+from tests.dockerfile_model import copy_sources_and_destination, image_pins, instructions, repo_tool
+
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = Path(__file__).resolve().parent / "fixtures" / "image"
 SYSTEM_TOOLS = ("bash", "make", "sed", "rm", "mkdir", "cat", "find")
-PIN_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-
-
-def image_pins(versions: Path = REPO / "versions.txt") -> list[tuple[str, str]]:
-    """The NAME=VALUE lines of the [image] section, in file order."""
-    pins, section = [], None
-    for line in versions.read_text().splitlines():
-        if line.startswith("["):
-            section = line.strip()
-        elif section == "[image]" and (match := PIN_LINE.match(line)):
-            pins.append((match[1], match[2]))
-    return pins
 
 
 def dockerfile_instructions(dockerfile: str | None = None) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs of the Dockerfile (or of the text given), continuation lines joined, comments
-    dropped."""
-    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text() if dockerfile is None else dockerfile)
-    lines = [line.strip() for line in text.splitlines()]
-    return [tuple(line.split(None, 1)) for line in lines if line and not line.startswith("#")]
-
-
-def repo_tool(name: str) -> str:
-    for candidate in (Path(sys.executable).parent / name, REPO / ".venv" / "bin" / name):
-        if candidate.exists():
-            return str(candidate)
-    found = shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} not found: run `bash tools/setup_test_env.sh` to create the test environment")
-    return found
+    """(INSTRUCTION, arguments) pairs of the Dockerfile (or of the text given), as dockerfile-parse reads them."""
+    text = (REPO / "Dockerfile").read_text() if dockerfile is None else dockerfile
+    return [(instruction.name, instruction.value) for instruction in instructions(text)]
 
 
 class Sandbox:
@@ -115,7 +89,7 @@ def test_dockerfile_passes_hadolint():
 
 
 def shell_scripts() -> list[Path]:
-    skip = {".venv", ".git", ".devkit"}
+    skip = {".venv", ".git", ".devkit", ".deepep"}
     return sorted(p for p in REPO.rglob("*.sh") if not skip & set(p.relative_to(REPO).parts))
 
 
@@ -290,19 +264,34 @@ def clone_pinned(clone: Command, later: list[Command], pins: set[str]) -> bool:
     branch = option_value(clone.words, "--branch", "-b")
     if branch is not None:
         return branch in {"${" + name + "}" for name in pins}
-    for name in (name for name in pins if name.endswith("_COMMIT")):
-        checked_out = any(
-            command.name == "git" and "checkout" in command.words and command.uses(name) for command in later
-        )
-        compared = any(
-            command.name in ("[", "test")
-            and command.uses(name)
-            and any("rev-parse HEAD" in word for word in command.words)
-            for command in later
-        )
-        if checked_out and compared:
-            return True
-    return False
+    return any(commit_verified(name, later) for name in pins if name.endswith("_COMMIT"))
+
+
+def commit_verified(name: str, later: list[Command]) -> bool:
+    """Whether the step checks out the *_COMMIT pin name and compares HEAD with it."""
+    checked_out = any(command.name == "git" and "checkout" in command.words and command.uses(name) for command in later)
+    compared = any(
+        command.name in ("[", "test") and command.uses(name) and any("rev-parse HEAD" in word for word in command.words)
+        for command in later
+    )
+    return checked_out and compared
+
+
+def fetch_pinned(fetch: Command, later: list[Command], pins: set[str]) -> bool:
+    """A fetch by hash of a *_COMMIT pin, which the step then checks out and compares with HEAD."""
+    commits = [name for name in pins if name.endswith("_COMMIT") and fetch.uses(name)]
+    return any(commit_verified(name, later) for name in commits)
+
+
+def git_download_problem(git: Command, earlier: list[Command], later: list[Command], pins: set[str]) -> str | None:
+    """What is wrong with a git command that downloads (clone, fetch, submodule update), or None."""
+    if "clone" in git.words and not clone_pinned(git, later, pins):
+        return "not at a pinned tag or verified commit"
+    if "fetch" in git.words and not fetch_pinned(git, later, pins):
+        return "not a *_COMMIT pin checked out and compared with HEAD"
+    if "submodule" in git.words and not any(command.name == "git" and "fetch" in command.words for command in earlier):
+        return "submodules of a checkout whose commit the step did not verify"
+    return None
 
 
 def unverified_downloads(dockerfile: str, pins: set[str]) -> list[str]:
@@ -310,7 +299,7 @@ def unverified_downloads(dockerfile: str, pins: set[str]) -> list[str]:
     found = []
     digests = {"@${" + name + "}" for name in pins if name.endswith("_DIGEST")}
     for instruction, rest in dockerfile_instructions(dockerfile):
-        if instruction == "FROM" and not rest.endswith(tuple(digests)):
+        if instruction == "FROM" and not rest.split()[0].endswith(tuple(digests)):
             found.append(f"FROM {rest}: base image not pinned by a digest")
         if instruction == "ADD" and "://" in rest and "--checksum=" not in rest:
             found.append(f"ADD {rest}: no --checksum")
@@ -319,9 +308,10 @@ def unverified_downloads(dockerfile: str, pins: set[str]) -> list[str]:
         commands, assigned = shell_commands(run)
         for index, command in enumerate(commands):
             later = commands[index + 1 :]
-            if command.name == "git" and "clone" in command.words:
-                if not clone_pinned(command, later, pins):
-                    found.append(f"RUN {step}: {shlex.join(command.words)}: not at a pinned tag or verified commit")
+            if command.name == "git":
+                problem = git_download_problem(command, commands[:index], later, pins)
+                if problem is not None:
+                    found.append(f"RUN {step}: {shlex.join(command.words)}: {problem}")
                 continue
             download = fetched(command)
             if download is None:
@@ -362,12 +352,16 @@ AFTER_FROM = {
     ' && echo "${AWS_OFI_NCCL_SHA512}  /tmp/x.tgz" | sha512sum --check',
     "clone of the default branch": "RUN git clone https://example.com/tool.git /tmp/tool",
     "clone of a moving branch": "RUN git clone --branch main https://example.com/tool.git /tmp/tool",
+    "fetch of a moving branch": "RUN git init /tmp/tool && git -C /tmp/tool fetch https://example.com/tool.git main",
     "ADD of a URL": "ADD https://example.com/x.tgz /tmp/x.tgz",
 }
 
 # Each verification of the Dockerfile, removed or weakened: (the text it replaces, the replacement).
 WEAKENED = {
-    "base image by tag only": ("-devel-ubuntu${UBUNTU_VERSION}@${CUDA_IMAGE_DIGEST}", "-devel-ubuntu${UBUNTU_VERSION}"),
+    "base image by tag only": (
+        "-devel-ubuntu${UBUNTU_VERSION}@${CUDA_IMAGE_DIGEST}\nSHELL",
+        "-devel-ubuntu${UBUNTU_VERSION}\nSHELL",
+    ),
     "aws-ofi-nccl sha512 check dropped": (
         '    && echo "${AWS_OFI_NCCL_SHA512}  /tmp/${name}.tar.gz" | sha512sum --check --strict - \\\n',
         "",
@@ -427,26 +421,38 @@ def test_content_pins_are_full_hashes(name: str):
     assert re.fullmatch(pattern, value), f"versions.txt: {name}={value!r} is not {pattern}"
 
 
-def test_our_code_is_copied_in_the_last_layer_after_the_python_stack():
-    instructions = dockerfile_instructions()
-    assert instructions[-1] == ("COPY", ". /workspace/megatron")
-    copies = [rest for instruction, rest in instructions[:-1] if instruction == "COPY"]
-    assert copies == [
-        "versions.txt /opt/toolkit/versions.txt",
-        "tools/install_python_stack.sh /opt/toolkit/tools/install_python_stack.sh",
+def context_copies(dockerfile: str | None = None) -> list[str]:
+    """The build-context sources of the Dockerfile's COPY instructions (not those from another stage), in order."""
+    copies = [rest for instruction, rest in dockerfile_instructions(dockerfile) if instruction == "COPY"]
+    sources = [copy_sources_and_destination(rest) for rest in copies]
+    return [source for paths, _, stage in sources if stage is None for source in paths]
+
+
+def test_our_code_is_copied_in_the_last_layer_after_the_build_tools():
+    steps = dockerfile_instructions()
+    assert steps[-1] == ("COPY", ". /workspace/megatron")
+    assert context_copies()[:-1] == [
+        "tools/image/check_pins.sh",
+        "versions.txt",
+        "tools/install_python_stack.sh",
+        "tools/fix_dataset_helpers.sh",
+        "tools/build_deepep.sh",
+        "tools/image/check_image.py",
     ]
 
 
-def test_build_checks_imports_of_the_whole_stack():
+def test_build_ends_by_checking_what_the_image_claims():
     last_run = [rest for instruction, rest in dockerfile_instructions() if instruction == "RUN"][-1]
+    assert "python /opt/toolkit/tools/image/check_image.py /opt/toolkit/versions.txt" in " ".join(last_run.split())
+    check_image = (REPO / "tools" / "image" / "check_image.py").read_text()
     for module in ("torch", "transformer_engine", "megatron.core", "megatron.bridge", "deep_ep", "viztracer"):
-        assert module in last_run
+        assert f'"{module}"' in check_image
 
 
 # --- the build context, as the docker CLI packs it ----------------------------------------------------------------
 
 # What the image runs, besides the files the Dockerfile copies by name; `COPY .` copies the whole context.
-RUNTIME = ("srun.sh", "entrypoint.py", "viztracer_plugin.py", "launcher/", "recipes/")
+RUNTIME = ("srun.sh", "entrypoint.py", "viztracer_plugin.py", "launcher/", "recipes/", "tools/prepare_data.py")
 # What a run or a checkout leaves beside the toolkit: none of it may reach the Docker daemon, let alone the image.
 LEFT_BY_RUNS = (
     "outputs/tiny_gpt_pretrain/123/launch.json",
@@ -459,67 +465,6 @@ LEFT_BY_RUNS = (
     "launcher/__pycache__/outputs.cpython-312.pyc",
     ".git/HEAD",
 )
-
-
-class ContextCatcher(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """A stand-in Docker daemon: answers the CLI's ping, keeps the file names of the build context it is sent, and
-    fails the build."""
-
-    daemon_threads = True
-
-    def __init__(self, path: Path):
-        self.files: list[str] = []
-        super().__init__(str(path), ContextRequest)
-
-    def get_request(self):
-        request, _ = super().get_request()
-        return request, ("docker-cli", 0)  # a Unix socket's peer has no address; http.server logs one
-
-
-class ContextRequest(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_HEAD(self) -> None:
-        self.reply(b"")
-
-    def do_GET(self) -> None:
-        self.reply(b"OK")
-
-    def do_POST(self) -> None:
-        with tarfile.open(fileobj=io.BytesIO(self.body())) as context:
-            self.server.files = [member.name for member in context.getmembers() if member.isfile()]
-        self.reply(json.dumps({"error": "context caught", "errorDetail": {"message": "context caught"}}).encode())
-
-    def body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding") != "chunked":
-            return self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        chunks = []
-        while size := int(self.rfile.readline().strip(), 16):
-            chunks.append(self.rfile.read(size))
-            self.rfile.readline()
-        self.rfile.readline()
-        return b"".join(chunks)
-
-    def reply(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Api-Version", "1.41")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-def checkout_files() -> list[str]:
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return sorted({name for name in listed.stdout.split("\0") if name and (REPO / name).is_file()})
 
 
 @pytest.fixture
@@ -536,41 +481,9 @@ def checkout_after_a_run() -> Iterator[Path]:
         yield work
 
 
-def docker_build_context(directory: Path) -> list[str]:
-    """The files `docker build` in directory sends to the daemon, as the docker CLI packs them with .dockerignore.
-
-    The classic builder (DOCKER_BUILDKIT=0) packs the context in the CLI and posts it to /build, where the stand-in
-    daemon reads it; BuildKit applies the same .dockerignore rules."""
-    docker = shutil.which("docker")
-    assert docker is not None, "no docker CLI: tools/setup_test_env.sh installs Debian's docker.io (no daemon runs)"
-    socket = directory / "docker.sock"
-    with ContextCatcher(socket) as daemon:
-        threading.Thread(target=daemon.serve_forever, daemon=True).start()
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(directory),
-            "DOCKER_CONFIG": str(directory / ".docker-config"),
-            "DOCKER_HOST": f"unix://{socket}",
-            "DOCKER_BUILDKIT": "0",
-        }
-        result = subprocess.run(
-            [docker, "build", "-f", "Dockerfile", "."],
-            cwd=directory,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        daemon.shutdown()
-    assert "context caught" in result.stderr, result.stdout + result.stderr
-    return sorted(daemon.files)
-
-
 def test_build_context_holds_what_the_image_runs_and_nothing_a_run_left(checkout_after_a_run: Path):
     context = docker_build_context(checkout_after_a_run)
-    copied = [rest.split()[0] for instruction, rest in dockerfile_instructions() if instruction == "COPY"]
-    named = {source for source in copied if source != "."}
+    named = {source for source in context_copies() if source != "."}
     runtime = {name for name in checkout_files() if name.startswith(RUNTIME) and "__pycache__" not in name.split("/")}
     needed = {"Dockerfile", ".dockerignore", *named, *runtime}
     assert sorted(set(context) - needed) == [], "sent to the Docker daemon, and copied into the image by COPY ."
@@ -731,10 +644,10 @@ def test_make_sqsh_honours_image_name_tag_and_output_dir(checkout):
 def test_make_build_refuses_an_image_pin_without_value(checkout):
     checkout.provide("docker", "enroot")
     versions = checkout.work / "versions.txt"
-    versions.write_text(re.sub(r"^NCCL_VERSION=.*$", "NCCL_VERSION=", versions.read_text(), flags=re.M))
+    versions.write_text(re.sub(r"^NCCL_TESTS_VERSION=.*$", "NCCL_TESTS_VERSION=", versions.read_text(), flags=re.M))
     result = checkout.run("make", "build")
     assert result.returncode != 0
-    assert "[image] pin without a value: NCCL_VERSION" in result.stderr
+    assert "[image] pin without a value: NCCL_TESTS_VERSION" in result.stderr
     assert checkout.calls() == []
 
 
@@ -789,3 +702,21 @@ def test_make_lint_runs_ruff_shellcheck_and_hadolint_once_the_venv_exists(checko
     assert commands[:2] == [".venv/bin/ruff check .", ".venv/bin/ruff format --check ."]
     assert commands[2].startswith(".venv/bin/shellcheck ") and "./enroot.sh" in commands[2].split()
     assert commands[3] == ".venv/bin/hadolint Dockerfile"
+
+
+def aws_ofi_nccl_step(dockerfile: str) -> str:
+    return next(rest for name, rest in dockerfile_instructions(dockerfile) if name == "RUN" and "./configure" in rest)
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "ok"),
+    [(REPO / "Dockerfile", True), (STANDINS / "before-issue-25" / "Dockerfile", False)],
+    ids=["today", "before-issue-25"],
+)
+def test_aws_ofi_nccl_is_built_with_gdrcopy_and_the_step_proves_it(dockerfile: Path, ok: bool):
+    """Without GDRCopy, aws-ofi-nccl's GIN refuses to start (src/rdma/gin/nccl_ofi_gin_api.cpp); configure finds it
+    only where it is told to look (m4/check_pkg_gdrcopy.m4), so the step must say where and check what configure
+    found."""
+    step = aws_ofi_nccl_step(dockerfile.read_text())
+    built_with_gdrcopy = "--with-gdrcopy=/opt/gdrcopy" in step and "HAVE_GDRCOPY HAVE_DECL_GDR_PIN_BUFFER_V2" in step
+    assert built_with_gdrcopy == ok

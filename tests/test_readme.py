@@ -1,9 +1,11 @@
 """Every launch example in README.md runs: its options through `srun.sh --dry-run`, and its recipe and overrides
-through the same pre-flight check srun.sh runs (`entrypoint.py --check`) for the example's node count."""
+through the same pre-flight check srun.sh runs (`entrypoint.py --check`) for the example's node count. The "Your
+data" section runs as far as CI can: its preparations, its check, and its launches the same way."""
 
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,12 +13,20 @@ from pathlib import Path
 
 import pytest
 
+import entrypoint
 from tests import hf_models
-from tests.conftest import REPO
+from tests.conftest import REPO, Corpus
+from tests.srun_world import SQUASHFS_MAGIC
+
+sys.path.insert(0, str(REPO / "tools"))
+import prepare_data
 
 README = (REPO / "README.md").read_text()
 EXAMPLE = re.compile(r"^    ((?:salloc -N \d+(?: --\S+)* )?\./srun\.sh .*|PYTHON=\S+ \./srun\.sh .*)$", re.MULTILINE)
-EXAMPLES = [e for e in EXAMPLE.findall(README) if "RECIPE.py" not in e]  # not the usage line
+DATA_SECTION = README.split("\n## Your data\n", 1)[1].split("\n## ", 1)[0]
+DATA_COMMANDS = re.findall(r"^    (\S.*)$", DATA_SECTION, re.MULTILINE)
+# Not the usage line; the data section's launches need its prepared data, and run in its own test.
+EXAMPLES = [e for e in EXAMPLE.findall(README) if "RECIPE.py" not in e and e not in DATA_COMMANDS]
 SRUN_OPTIONS = {"--nsys", "--dry-run", "--no-container", "--local", "--health"}
 # The local Hugging Face shapes that stand in for the README's /fsx model folders and for the hub (no network here).
 HF_SHAPES = {"DeepSeek-V2-Lite": "deepseek_v2", "DeepSeek-V2": "deepseek_v2", "Qwen3-30B-A3B": "qwen3_moe"}
@@ -56,15 +66,10 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-@pytest.mark.parametrize("example", EXAMPLES)
-def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Path, hf_dir, output_root: Path):
-    nodes, sbatch, options, recipe, arguments = split(example)
-    arguments = [local_model(a, hf_dir) for a in arguments]
-    if recipe in HUB_RECIPES and not any(a.startswith("hf_path=") for a in arguments):
-        arguments.append(f"hf_path={hf_dir(HUB_RECIPES[recipe])}")
+def launch_environment(tmp_path: Path, options: list[str]) -> dict[str, str]:
     sqsh = tmp_path / "megatron-lm+latest.sqsh"
-    sqsh.touch()
-    env = {
+    sqsh.write_bytes(SQUASHFS_MAGIC)
+    return {
         **os.environ,
         "SQSH": str(sqsh),
         "MOUNT": f"{REPO}:/workspace/megatron,{tmp_path}:{tmp_path}",
@@ -74,6 +79,15 @@ def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Pat
         "NSYS": "true",
         "HF_HUB_OFFLINE": "1",
     }
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Path, hf_dir, output_root: Path):
+    nodes, sbatch, options, recipe, arguments = split(example)
+    arguments = [local_model(a, hf_dir) for a in arguments]
+    if recipe in HUB_RECIPES and not any(a.startswith("hf_path=") for a in arguments):
+        arguments.append(f"hf_path={hf_dir(HUB_RECIPES[recipe])}")
+    env = launch_environment(tmp_path, options)
     dry_run = ["--dry-run", *(o for o in options if o != "--dry-run")]
     submit = ["--sbatch", *sbatch, "--"] if sbatch else []
     result = run([str(REPO / "srun.sh"), *submit, *dry_run, *([recipe] if recipe else []), *arguments], env)
@@ -95,3 +109,47 @@ def test_readme_recipe_example_is_a_working_recipe(tmp_path: Path, hf_dir, run_e
     result = run_entrypoint(str(recipe), f"hf_path={hf_dir('llama')}", "use_megatron_fsdp=true", "--print-config")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "train_iters: 2000" in result.stdout
+
+
+def fsx_of_the_data_section(root: Path, corpus: Corpus) -> Path:
+    """The /fsx the "Your data" section names: its corpus (JSONL, and a folder of text files) and its model's folder,
+    which holds the tokenizer trained for the tests."""
+    fsx = root / "fsx"
+    (fsx / "corpus" / "code").mkdir(parents=True)
+    shutil.copy(corpus.jsonl, fsx / "corpus" / "web.jsonl")
+    for number, text in enumerate(corpus.texts[:20]):
+        (fsx / "corpus" / "code" / f"{number:02}.txt").write_text(text)
+    shutil.copytree(corpus.tokenizer, fsx / "models" / "meta-llama" / "Meta-Llama-3-8B")
+    return fsx
+
+
+def test_readme_data_section_prepares_checks_and_launches(
+    tmp_path: Path, corpus: Corpus, output_root: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """Each command in turn, with /fsx a folder here: the preparations (the one under srun as the python command it
+    runs in the image), the check, and each launch through srun.sh --dry-run and its check."""
+    fsx = fsx_of_the_data_section(tmp_path, corpus)
+    monkeypatch.chdir(REPO)
+    ran = []
+    for command in DATA_COMMANDS:
+        words = [word.replace("/fsx/", f"{fsx}/").replace("$PWD", str(REPO)) for word in shlex.split(command)]
+        if words[0] == "srun":  # a CPU node's step in the image: the python it runs, with the image's checkout here
+            words = [word.replace("/workspace/megatron/", f"{REPO}/") for word in words[words.index("python3") :]]
+        if words[:2] in (["python3", "tools/prepare_data.py"], ["python3", f"{REPO}/tools/prepare_data.py"]):
+            assert prepare_data.main(words[2:]) == 0, capsys.readouterr().err[-2000:]
+            ran.append("prepare")
+        elif words[:2] == ["python3", "entrypoint.py"]:
+            assert entrypoint.main(words[2:]) == 0, capsys.readouterr().err[-2000:]
+            ran.append("check")
+        else:
+            nodes, _, options, recipe, arguments = split(" ".join(map(shlex.quote, words)))
+            env = launch_environment(tmp_path, options)
+            dry_run = run([str(REPO / "srun.sh"), "--dry-run", *options, recipe, *arguments], env)
+            assert dry_run.returncode == 0, dry_run.stderr[-2000:]
+            check = ["--check", "--world-size", str(8 * nodes)]
+            assert entrypoint.main([recipe, *arguments, *check]) == 0, capsys.readouterr().err[-2000:]
+            ran.append("launch")
+    assert ran == ["prepare", "prepare", "check", "launch", "launch"]
+    said = capsys.readouterr().err
+    assert f"entrypoint.py: data: {fsx}/data/web (300 documents, " in said
+    assert f"entrypoint.py: data: {fsx}/data/web (weight 0.7, 300 documents, " in said

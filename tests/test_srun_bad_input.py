@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.srun_world import ALLOCATION, REPO, SrunWorld
+from tests.srun_world import ALLOCATION, REPO, SQUASHFS_MAGIC, SrunWorld
 
 pytest_plugins = ["tests.srun_world"]
 
@@ -55,6 +55,31 @@ def cases(world: Path) -> dict[str, Case]:
             ["image SQSH=/nonexistent/megatron.sqsh does not exist", "make build"],
             env=image_env(world, SQSH="/nonexistent/megatron.sqsh"),
             in_allocation=True,
+        ),
+        "image not a squashfs file": Case(
+            ["--dry-run", "recipe.py"],
+            ["image SQSH=", "plain.txt is not a squashfs file", "make build"],
+            env=image_env(world, SQSH="plain.txt"),
+        ),
+        "output root in a read-only mount": Case(
+            ["--dry-run", "recipe.py"],
+            [f"OUTPUT_ROOT {world}/outputs/recipe is in MOUNT entry {world}:/w:ro", "read-only", "drop :ro"],
+            env=image_env(world, MOUNT=f"{REPO}:/workspace/megatron,{world}:/w:ro"),
+        ),
+        "output root in a read-only mount, flags joined": Case(
+            ["--dry-run", "recipe.py"],
+            ["read-only"],
+            env=image_env(world, MOUNT=f"{REPO}:/workspace/megatron,{world}:/w:rprivate+ro"),
+        ),
+        "output root cannot be created": Case(
+            local,
+            [f"cannot create the run folder {world}/recipe.py/out/recipe", "Not a directory", "set OUTPUT_ROOT"],
+            env={"OUTPUT_ROOT": "recipe.py/out"},
+        ),
+        "relative mount source missing": Case(
+            ["--dry-run", "recipe.py"],
+            ["MOUNT source data does not exist on this host"],
+            env=image_env(world, MOUNT=f"data:/data,{world}:/w"),
         ),
         "not in an allocation": Case(["--no-container", "recipe.py"], [NOT_IN_ALLOCATION.strip()]),
         "not in an allocation, container": Case(["recipe.py"], [NOT_IN_ALLOCATION.strip()], env=image_env(world)),
@@ -130,6 +155,11 @@ def cases(world: Path) -> dict[str, Case]:
         "run id with a slash": Case(
             local, ["RUN_ID=../x is not a run name", "use letters, digits"], env={"RUN_ID": "../x"}
         ),
+        "container name with a colon": Case(
+            ["--dry-run", "recipe.py"],
+            ["CONTAINER_NAME=megatron:exec is not a container name", "leave it unset"],
+            env=image_env(world, CONTAINER_NAME="megatron:exec"),
+        ),
         "checkout outside every mount": Case(
             ["--dry-run", "recipe.py"],
             [f"this checkout {REPO} is outside every MOUNT source", "add its directory to MOUNT"],
@@ -196,7 +226,8 @@ def test_bad_input_gives_one_line_error_and_starts_nothing(name: str, request: p
     in_allocation = case.in_allocation or bool(case.salloc)
     world: SrunWorld = request.getfixturevalue("slurm_world" if in_allocation else "srun_world")
     case = cases(world.dir)[name]
-    (world.dir / "image.sqsh").write_bytes(b"")
+    (world.dir / "image.sqsh").write_bytes(SQUASHFS_MAGIC + bytes(92))
+    (world.dir / "plain.txt").write_text("not an image\n")
     (world.dir / "dangling.py").symlink_to(world.dir / "gone.py")
 
     if in_allocation:

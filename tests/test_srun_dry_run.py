@@ -5,7 +5,7 @@
 import subprocess
 from pathlib import Path
 
-from tests.srun_world import HOSTILE_ARGS, REPO, SrunWorld
+from tests.srun_world import HOSTILE_ARGS, REPO, SQUASHFS_MAGIC, SrunWorld
 
 pytest_plugins = ["tests.srun_world"]
 
@@ -51,7 +51,7 @@ def test_dry_run_with_container_runs_the_checkouts_code_through_mount_in_an_unna
 ):
     """A checkout on a shared file system mounted at the same path: the ranks run its code, not the image's copy."""
     image = tmp_path / "image.sqsh"
-    image.write_bytes(b"")
+    image.write_bytes(SQUASHFS_MAGIC)
     shared = REPO.parent  # stands in for /fsx
     env = {
         "SQSH": str(image),
@@ -99,3 +99,32 @@ def test_dry_run_srun_extra_args_are_split_on_whitespace_and_added(srun_world: S
         b"--exclusive",
         b"--time=2:00:00",
     ]
+
+
+def test_dry_run_gives_pyxis_absolute_paths_for_a_relative_image_and_mount_source(srun_world: SrunWorld):
+    """pyxis reads an image name that starts with neither / nor ./ as a registry image to pull, and refuses a mount
+    source that is neither a path so written, tmpfs nor umount: srun.sh hands it both as absolute paths."""
+    (srun_world.dir / "img.sqsh").write_bytes(SQUASHFS_MAGIC)
+    (srun_world.dir / "data").mkdir()
+    env = {
+        "SQSH": "img.sqsh",
+        "MOUNT": f"{REPO}:/workspace/megatron,.:/work,data:/data:ro,tmpfs:/scratch",
+        "GPUS_PER_NODE": "1",
+    }
+    result = srun_world.srun_sh("--dry-run", "recipe.py", env=env)
+
+    assert result.returncode == 0, result.stderr
+    words = bash_words(lines_starting(result.stdout, "srun ")[0])
+    assert b"--container-image=" + bytes(srun_world.dir / "img.sqsh") in words
+    mounts = f"{REPO}:/workspace/megatron,{srun_world.dir}:/work,{srun_world.dir}/data:/data:ro,tmpfs:/scratch"
+    assert b"--container-mounts=" + mounts.encode() in words
+
+
+def test_dry_run_names_the_container_when_container_name_is_set(srun_world: SrunWorld):
+    (srun_world.dir / "img.sqsh").write_bytes(SQUASHFS_MAGIC)
+    env = {"SQSH": "img.sqsh", "MOUNT": f"{REPO}:/workspace/megatron,.:/work", "CONTAINER_NAME": "megatron"}
+    result = srun_world.srun_sh("--dry-run", "recipe.py", env={**env, "GPUS_PER_NODE": "1"})
+
+    assert result.returncode == 0, result.stderr
+    words = bash_words(lines_starting(result.stdout, "srun ")[0])
+    assert words[words.index(b"--container-workdir=/work") + 1] == b"--container-name=megatron"

@@ -165,7 +165,7 @@ def test_python_that_cannot_run_torchrun_is_reported_with_the_end_of_the_launche
     assert result.returncode == 1
     (run_dir,) = srun_world.run_dirs()
     *_, header, last = result.stderr.splitlines()
-    assert header == f"srun.sh: the launch failed before any rank ended; the end of {run_dir}/logs/launcher.log:"
+    assert header == f"srun.sh: the launch failed before any rank started; torchrun said ({run_dir}/logs/launcher.log):"
     assert last.startswith("    No module named torch (-m torch.distributed.run ")
     assert srun_world.calls() == []
 
@@ -185,3 +185,33 @@ def test_signal_to_local_srun_sh_gives_every_rank_sigterm(srun_world: SrunWorld,
     assert proc.returncode == 128 + sig
     assert wait_gone([record["pid"] for record in records.values()], timeout=1)
     assert srun_world.signals_seen() == {rank: ["SIGTERM"] for rank in range(4)}
+
+
+def test_a_run_id_that_is_still_running_is_refused_and_the_live_run_is_untouched(srun_world: SrunWorld):
+    env = {"GPUS_PER_NODE": "1", "RUN_ID": "live", "FAKE_SLEEP": "300"}
+    first = srun_world.start("--local", "recipe.py", env=env)
+    try:
+        srun_world.wait_for_ranks(1)
+        second = srun_world.srun_sh("--local", "recipe.py", env={**env, "FAKE_SLEEP": "0"})
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+
+    assert second.returncode == 2
+    (line,) = second.stderr.splitlines()
+    assert line.startswith("srun.sh: run live is still running (srun.sh pid ")
+    assert line.endswith(": wait for it to end, or leave RUN_ID unset for a new run")
+    assert len(srun_world.calls()) == 1
+    (run_dir,) = srun_world.run_dirs()
+    assert (run_dir / "logs" / "rank-0.log").read_text() == "rank 0 started\n"
+
+
+def test_rank_logs_and_status_records_are_readable_by_their_owner_only(srun_world: SrunWorld):
+    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "2", "FAKE_FAIL_RANK": "1"})
+
+    assert result.returncode == 1
+    (run_dir,) = srun_world.run_dirs()
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (run_dir / "logs").iterdir()}
+    assert {"rank-0.log", "rank-1.log", "rank-1.status", "launcher.log"} <= modes.keys()
+    assert set(modes.values()) == {0o600}, modes
+    assert (run_dir.stat().st_mode & 0o777, (run_dir / "logs").stat().st_mode & 0o777) == (0o700, 0o700)

@@ -113,3 +113,4 @@ def test_real_entrypoint_ranks_start_nsys_on_themselves_through_srun_sh(srun_wor
         ]
     assert (run_dir / "nsys").is_dir()
     assert os.stat(run_dir).st_mode & 0o777 == 0o700
+    assert os.stat(run_dir / "nsys").st_mode & 0o777 == 0o700

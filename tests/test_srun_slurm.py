@@ -231,3 +231,33 @@ def test_dry_run_inside_an_allocation_shows_the_job_and_starts_no_step(slurm_wor
     assert srun_line.startswith("srun --nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=4 --distribution=block")
     assert " --mpi=none " in srun_line
     assert srun_line.endswith("recipe.py a=b\\ c")
+
+
+def test_launches_started_together_in_one_allocation_get_runs_and_ports_of_their_own(slurm_world: SrunWorld):
+    """The race of RUN_ID: four srun.sh started at once, three times over, in one allocation."""
+    script = slurm_world.dir / "together.sh"
+    script.write_text(
+        "#!/bin/bash\nfor round in 1 2 3; do\n  for i in 1 2 3 4; do\n"
+        f"    {REPO}/srun.sh --no-container recipe.py launch=$round.$i &\n"
+        "  done\n  wait\n  echo round $round done >&2\ndone\n"
+    )
+    script.chmod(0o755)
+    result = slurm_world.on_login_node(
+        ["salloc", "--quiet", "--nodes=1", "--gpus-per-node=4", str(script)], env={"GPUS_PER_NODE": "1"}, timeout=180
+    )
+
+    assert result.returncode == 0, result.stderr
+    starts = [line.split(", ") for line in result.stderr.splitlines() if line.startswith("# srun.sh: ")]
+    assert len(starts) == 12, result.stderr
+    run_ids = [fields[1].split()[2] for fields in starts]
+    assert len(set(run_ids)) == 12
+    rounds = result.stderr.split("done\n")[:3]
+    for text in rounds:
+        ports = [line.split("master ")[1].split(";")[0] for line in text.splitlines() if "master " in line]
+        assert len(ports) == 4 and len(set(ports)) == 4, text
+    launches = {bytes.fromhex(c["argv_hex"][-1]).decode(): c["run_id"] for c in slurm_world.calls()}
+    assert len(launches) == 12 and len(set(launches.values())) == 12
+    for run_id in run_ids:
+        assert (slurm_world.dir / "outputs" / "recipe" / run_id / "logs" / "rank-0.log").read_text() == (
+            "rank 0 started\n"
+        )

@@ -1,0 +1,294 @@
+"""Launches that take turns on the same GPUs, so that a drifting machine drifts under all of them alike.
+
+A plan is a list of blocks; a block names the arms (launches) alive together, the first being its reference, and how
+many rounds they run. Every arm starts once: the arms of the first block start together, warm up, and each is paused
+(SIGSTOP to its whole process tree: launcher, ranks, data loader workers) once it has logged its warm-up steps. Then,
+round after round, each arm in turn is resumed for one turn of 1 + settle + turn_steps logged steps and paused again;
+the order rotates every round (A B, then B A), so that neither arm always follows the other. Paused, an arm holds its
+GPU memory but runs nothing: the GPUs belong to one arm at a time.
+
+Between blocks, the arms that leave are stopped (SIGTERM: Megatron Bridge ends the step, flushes TensorBoard and
+exits) before those that join go on, so that no more arms than a block names ever hold GPU memory. An arm that joins
+the next block is started while this block plays and paused as soon as its config is built, before it touches the
+GPU, so its imports cost no time of its own. An arm that fails is recorded, and its block goes on without it.
+
+What is recorded (and returned) is when each turn began and ended by the wall clock, which per_step.py matches with
+the wall times of the steps Megatron Bridge logged to TensorBoard.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import bench_startup, launches, megatron_log
+
+CONFIG_BUILT = bench_startup.MARKERS["config built"]  # printed by both entry points just before pretrain()
+JOIN_S = {"started ahead": 40.0, "cold": 75.0}  # what an arm costs until warmed up, for the time estimate
+POLL_S = 0.02  # how long a pass waits for a line: the most an arm runs on after its stopping point was printed
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    tokens_per_step: int
+    gpus: int
+    warmup_steps: int = 2
+    noise_of: str | None = None  # the arm whose recipe this one repeats with another seed: the run-to-run noise
+    note: str = ""
+    recipe: str = ""  # what the command launches, for the checks and the report
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Block:
+    arms: tuple[str, ...]  # the first is the reference of the others
+    rounds: int
+
+
+def check_plan(arms: dict[str, Arm], blocks: list[Block]) -> None:
+    """Every arm a block names is defined, and an arm's blocks follow each other (one that left cannot come back)."""
+    for block in blocks:
+        unknown = [name for name in block.arms if name not in arms]
+        if unknown:
+            raise ValueError(f"block {list(block.arms)} names arms that are not defined: {unknown}")
+        if len(set(block.arms)) != len(block.arms):
+            raise ValueError(f"block {list(block.arms)} names an arm twice")
+    for name in arms:
+        present = [index for index, block in enumerate(blocks) if name in block.arms]
+        if present and present != list(range(present[0], present[-1] + 1)):
+            raise ValueError(f"arm {name!r} leaves and comes back (blocks {present}): use another arm name")
+
+
+@dataclass
+class Live:
+    """An arm's launch in flight and what its console has said so far."""
+
+    arm: Arm
+    launch: launches.Launch
+    last_step: int = 0
+    steps_in_turn: int = 0
+    config_built: bool = False
+    paused: bool = False
+    failure: str | None = None
+    step_gaps: list[float] = field(default_factory=list)  # seconds between consecutive step lines in turns
+    last_step_at: float | None = None
+
+    def take(self, line: str) -> bool:
+        """Note what a console line says; True when it is a logged step."""
+        if match := megatron_log.ITERATION.search(line):
+            now = time.monotonic()
+            if self.last_step_at is not None and self.steps_in_turn:
+                self.step_gaps.append(now - self.last_step_at)
+            self.last_step, self.last_step_at = int(match.group(1)), now
+            self.steps_in_turn += 1
+            return True
+        if CONFIG_BUILT.search(line):
+            self.config_built = True
+        return False
+
+    def pause(self) -> None:
+        self.launch.pause()
+        self.paused = True
+
+    def resume(self) -> None:
+        self.launch.resume()
+        self.paused = False
+
+    @property
+    def ended(self) -> bool:
+        return self.launch.exited
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return statistics.median(self.step_gaps[-8:]) if self.step_gaps else None
+
+
+@dataclass
+class Turns:
+    arms: dict[str, Arm]
+    blocks: list[Block]
+    turn_steps: int
+    settle: int
+    runs_dir: Path
+    deadline: float  # time.monotonic() after which no block starts that would not fit, and no round starts
+    warmup_timeout_s: float = 600
+    stall_s: float = 120  # an arm that logs no step for this long in its turn has failed
+    on_progress: Callable[[dict], None] = lambda record: None
+    live: dict[str, Live] = field(default_factory=dict)
+    record: dict = field(default_factory=dict)
+
+    def run(self) -> dict:
+        check_plan(self.arms, self.blocks)
+        self.record = {
+            "settle": self.settle,
+            "turn_steps": self.turn_steps,
+            "arms": {name: arm_record(arm) for name, arm in self.arms.items()},
+            "blocks": [{"index": i, "arms": list(b.arms), "rounds": b.rounds} for i, b in enumerate(self.blocks)],
+            "turns": [],
+        }
+        try:
+            for index, block in enumerate(self.blocks):
+                if (needed := self.estimate_s(block)) > self.deadline - time.monotonic():
+                    self.record["blocks"][index]["skipped"] = f"no time left (needs about {needed:.0f} s)"
+                    continue
+                self.enter(block)
+                self.prestart(self.blocks[index + 1] if index + 1 < len(self.blocks) else None)
+                self.play(index, block)
+                self.on_progress(self.record)
+        finally:
+            for live in self.live.values():  # all at once: each takes a step and its exit
+                live.launch.terminate()
+            for name in list(self.live):
+                self.retire(name)
+        return self.record
+
+    def enter(self, block: Block) -> None:
+        """Stop the arms that are not in this block; start (or let go on) those that join it, up to their warm-up."""
+        for name in [name for name in self.live if name not in block.arms]:
+            self.retire(name)
+        joining = [name for name in block.arms if name not in self.live or not self.warmed_up(self.live[name])]
+        for name in joining:
+            if name in self.live:
+                self.live[name].resume()
+            else:
+                self.start(name)
+        self.wait(lambda: all(self.warmed_up(self.live[n]) or self.live[n].ended for n in joining), joining)
+        for name in joining:
+            live = self.live[name]
+            if live.ended and not self.warmed_up(live):
+                self.fail(name, f"ended after {live.last_step} of its {live.arm.warmup_steps} warm-up steps")
+            elif not self.warmed_up(live):
+                self.fail(
+                    name,
+                    f"logged {live.last_step} of {live.arm.warmup_steps} warm-up steps in {self.warmup_timeout_s:g} s",
+                )
+
+    def prestart(self, upcoming: Block | None) -> None:
+        """Start the next block's new arms now; pump() pauses each once its config is built."""
+        for name in upcoming.arms if upcoming else ():
+            if name not in self.live and not self.record["arms"][name].get("retired"):
+                self.start(name)
+
+    def play(self, index: int, block: Block) -> None:
+        for round_index in range(block.rounds):
+            if time.monotonic() >= self.deadline:
+                self.record["blocks"][index]["cut"] = f"after {round_index} rounds: no time left"
+                return
+            for name in block.arms:
+                if name in self.live and self.live[name].ended:
+                    self.fail(name, "ended between its turns")
+            order = [name for name in rotated(block.arms, round_index) if self.usable(name)]
+            if len(order) < min(2, len(block.arms)):
+                self.record["blocks"][index]["cut"] = f"after {round_index} rounds: an arm failed"
+                return
+            for name in order:
+                self.turn(index, round_index, name)
+
+    def turn(self, block: int, round_index: int, name: str) -> None:
+        live, wanted = self.live[name], 1 + self.settle + self.turn_steps
+        live.steps_in_turn, live.last_step_at = 0, None
+        began = time.time()
+        live.resume()
+        last_progress = time.monotonic()
+        while live.steps_in_turn < wanted and not live.ended and time.monotonic() - last_progress < self.stall_s:
+            if self.pump(active=live):
+                last_progress = time.monotonic()
+        live.pause()
+        ended = time.time()
+        turn = {"block": block, "round": round_index, "arm": name, "began": began, "ended": ended}
+        self.record["turns"].append(turn | {"last_step": live.last_step})
+        if live.ended:
+            self.fail(name, "ended during its turn")
+        elif live.steps_in_turn < wanted:
+            self.fail(name, f"logged no step for {self.stall_s:g} s in its turn")
+
+    def wait(self, done: Callable[[], bool], warming: list[str]) -> None:
+        deadline = time.monotonic() + self.warmup_timeout_s
+        while not done() and time.monotonic() < deadline:
+            self.pump(warming=warming)
+
+    def pump(self, active: Live | None = None, warming: list[str] = ()) -> bool:
+        """Take in every line that has arrived, waiting a little for the active arm's next; True when the active arm
+        logged a step. Pause each other arm at its stopping point: one warming up once warmed up, one started ahead
+        of its block once its config is built."""
+        stepped = False
+        if active is not None:
+            if line := active.launch.receive(POLL_S):
+                stepped = active.take(line)
+        else:
+            time.sleep(POLL_S)
+        for name, live in self.live.items():
+            while (line := live.launch.receive(0)) is not None:
+                stepped |= live.take(line) and live is active
+            if live.paused or live.ended or live is active:
+                continue
+            if self.warmed_up(live) if name in warming else live.config_built:
+                live.pause()
+        return stepped
+
+    def warmed_up(self, live: Live) -> bool:
+        return live.last_step >= live.arm.warmup_steps
+
+    def usable(self, name: str) -> bool:
+        live = self.live.get(name)
+        return live is not None and not live.ended and live.failure is None
+
+    def estimate_s(self, block: Block) -> float:
+        """Seconds the block would take: its new arms up to their warm-up, then 3 rounds at the step times seen so
+        far (per token); before any step was seen, the warm-up alone."""
+        joining = [name for name in block.arms if name not in self.live or not self.warmed_up(self.live[name])]
+        join_s = max((JOIN_S["started ahead" if name in self.live else "cold"] for name in joining), default=0.0)
+        known = [live.seconds_per_step / live.arm.tokens_per_step for live in self.live.values() if live.step_gaps]
+        if not known:
+            return join_s
+        per_token = statistics.median(known)
+        round_s = (1 + self.settle + self.turn_steps) * sum(self.arms[name].tokens_per_step for name in block.arms)
+        return join_s + min(block.rounds, 3) * round_s * per_token
+
+    def start(self, name: str) -> None:
+        arm = self.arms[name]
+        self.live[name] = Live(arm, launches.Launch(list(arm.command), self.runs_dir / name, arm.env))
+        self.record["arms"][name]["started_at"] = time.time()
+
+    def fail(self, name: str, why: str) -> None:
+        live = self.live[name]
+        if live.failure is None:
+            live.failure = why
+            tail = [text.rstrip() for _, text in live.launch.lines[-3:]]
+            self.record["arms"][name]["failure"] = {"why": why, "last_lines": tail}
+
+    def retire(self, name: str) -> None:
+        """Stop the arm: resumed, then SIGTERM; Megatron Bridge ends its step and flushes TensorBoard."""
+        live = self.live.pop(name)
+        self.record["arms"][name]["stopped_at"] = time.time()
+        live.launch.stop()
+        deadline = time.monotonic() + 5
+        while not live.launch.output_closed and time.monotonic() < deadline:
+            live.launch.receive(deadline - time.monotonic())
+        live.launch.close()
+        self.record["arms"][name] |= {"retired": True, "returncode": live.launch.process.returncode}
+
+
+def rotated(arms: tuple[str, ...], by: int) -> list[str]:
+    """The turn order of a round: with two arms A B, then B A; with three A B C, B C A, C A B."""
+    shift = by % len(arms)
+    return [*arms[shift:], *arms[:shift]]
+
+
+def arm_record(arm: Arm) -> dict:
+    """What the record keeps of an arm; it runs in RUNS_DIR/<its name>."""
+    return {
+        "command": list(arm.command),
+        "recipe": arm.recipe,
+        "overrides": list(arm.overrides),
+        "env": arm.env,
+        "tokens_per_step": arm.tokens_per_step,
+        "gpus": arm.gpus,
+        "warmup_steps": arm.warmup_steps,
+        "noise_of": arm.noise_of,
+        "note": arm.note,
+    }

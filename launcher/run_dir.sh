@@ -1,0 +1,43 @@
+# shellcheck shell=bash disable=SC2034  # what claim_run_dir sets (RESUMING, RUN_TAKEN) srun.sh reads
+# The run directory of a launch, RUN_ROOT/RUN_ID, taken before anything starts. A new run takes its id by creating its
+# directory, which is atomic (on shared file systems too): launches started together, in one allocation or in
+# several, get ids of their own (the second in one second gets -2, the third -3). A launch holds its run's lock while
+# it runs, so a second launch of a RUN_ID that is still running is refused instead of resuming into the live run.
+# Sourced by srun.sh, whose variables and helpers (die, q) it uses.
+
+claim_run_dir() {
+  local error
+  error=$(umask 077 && mkdir -p -- "$RUN_ROOT" 2>&1) ||
+    die "cannot create the run folder $(q "$RUN_ROOT") (${error##*: }): set OUTPUT_ROOT to a folder you can write"
+  RUN_TAKEN=0 RESUMING=0
+  if ((NEW_RUN)); then
+    until error=$(umask 077 && mkdir -- "$RUN_ROOT/$RUN_ID" 2>&1); do
+      [[ -e $RUN_ROOT/$RUN_ID ]] ||
+        die "cannot create the run folder $(q "$RUN_ROOT/$RUN_ID") (${error##*: }): set OUTPUT_ROOT to a folder you can write"
+      RUN_TAKEN=$((RUN_TAKEN + 1))
+      RUN_ID=$RUN_BASE-$((RUN_TAKEN + 1))
+    done
+  else
+    [[ ! -d $RUN_ROOT/$RUN_ID ]] || RESUMING=1
+  fi
+  (umask 077 && mkdir -p -- "$RUN_ROOT/$RUN_ID/logs")
+  lock_run "$RUN_ROOT/$RUN_ID/.lock"
+}
+
+# Holds the lock (flock) on FILE until srun.sh and the processes it starts have ended, and notes who holds it.
+lock_run() {
+  command -v flock >/dev/null || return 0
+  local file=$1 old_umask status=0
+  old_umask=$(umask)
+  umask 077
+  exec {RUN_LOCK}>>"$file"
+  umask "$old_umask"
+  flock --nonblock --conflict-exit-code 75 "$RUN_LOCK" 2>/dev/null || status=$?
+  if ((status == 75)); then
+    die "run $RUN_ID is still running ($(<"$file")): wait for it to end, or leave RUN_ID unset for a new run"
+  elif ((status)); then
+    echo "srun.sh: $file cannot be locked on this file system (flock exit status $status), so a second launch" \
+      "of run $RUN_ID is not refused while this one runs" >&2
+  fi
+  printf 'srun.sh pid %s on %s%s\n' "$$" "$(uname -n)" "${SLURM_JOB_ID:+, job $SLURM_JOB_ID}" >"$file"
+}

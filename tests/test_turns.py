@@ -1,0 +1,176 @@
+"""bench/turns.py, run for real with stand-ins for the launches (they need GPUs): arms take turns, each paused as a
+whole process tree while another runs; an arm of the next block waits at its config until its block; every arm is
+stopped with its TensorBoard events flushed; a failing arm cuts its block and nothing else. Then bench/per_step.py
+reads the ratios back from the event files the stand-ins wrote."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import launches, levers, per_step, turns
+
+# A launch: the launcher starts one rank in a session of its own and passes SIGTERM on (as torchrun does). The rank
+# starts a "data loader worker" that writes a heartbeat, prints the config-built line, initializes, then trains: each
+# step sleeps STEP_S, logs its time since the previous step (Megatron Bridge's interval timer: a pause lands in the
+# step it interrupts) to TensorBoard at its wall time, and prints Megatron Bridge's iteration line. On SIGTERM it ends
+# its step, closes the event file and exits 0; with FAIL_AFTER it exits 1 after that many steps.
+STAND_IN = r"""
+import functools, os, signal, subprocess, sys, time
+print = functools.partial(print, flush=True)
+role, step_s, fail_after = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+if role == "launcher":
+    rank = subprocess.Popen([sys.executable, __file__, "rank", *sys.argv[2:]], start_new_session=True)
+    signal.signal(signal.SIGTERM, lambda *_: rank.terminate())
+    sys.exit(rank.wait())
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+beat = "import time\nwhile True:\n    print(time.time(), flush=True)\n    time.sleep(0.01)"
+worker = subprocess.Popen([sys.executable, "-c", beat], stdout=open("heartbeat.txt", "w"))
+writer = EventFileWriter(os.path.join(os.environ["OUTPUT_ROOT"], "tb_logs"))
+def scalar(tag, value, step, wall):
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
+    writer.add_event(event_pb2.Event(wall_time=wall, step=step, summary=summary))
+time.sleep(0.3)
+print("upstream_pretrain.py: config built")
+time.sleep(0.3)  # what pretrain() does before its first step
+previous, step = time.time(), 0
+while not stop:
+    time.sleep(step_s)
+    step += 1
+    now = time.time()
+    scalar("iteration-time", now - previous, step, now)
+    scalar("lm loss vs samples", 10.0 / step, step * 8, now)
+    ms = 1000 * (now - previous)
+    print(f" [2026-12-01 10:00:00] iteration {step:8d}/    1000 | elapsed time per iteration (ms): {ms:.1f} |")
+    previous = now
+    if step == fail_after:
+        os._exit(1)
+writer.close()
+worker.terminate()
+"""
+STEP_S = {"A": 0.05, "B": 0.08, "C": 0.05, "D": 0.05}
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
+    """Three blocks: A with B (B slower), A with C (C started during the first block), A with D (D fails)."""
+    root = tmp_path_factory.mktemp("turns")
+    script = root / "stand_in.py"
+    script.write_text(STAND_IN)
+    fail_after = {"D": 4}  # in its first turn, after 2 warm-up steps
+    arms = {
+        name: turns.Arm(
+            name=name,
+            command=(sys.executable, str(script), "launcher", str(step_s), str(fail_after.get(name, 0))),
+            env={},
+            tokens_per_step=1000,
+            gpus=1,
+        )
+        for name, step_s in STEP_S.items()
+    }
+    blocks = [turns.Block(("A", "B"), 3), turns.Block(("A", "C"), 3), turns.Block(("A", "D"), 3)]
+    runner = turns.Turns(
+        arms, blocks, turn_steps=2, settle=1, runs_dir=root / "runs", deadline=time.monotonic() + 120,
+        warmup_timeout_s=30, stall_s=10,
+    )  # fmt: skip
+    record = runner.run()
+    found = {name: launches.scalars(root / "runs" / name) for name in arms}
+    return record, found, root / "runs"
+
+
+def turns_of(record: dict, arm: str) -> list[tuple[float, float]]:
+    return [(turn["began"], turn["ended"]) for turn in record["turns"] if turn["arm"] == arm]
+
+
+def test_the_order_of_turns_rotates_every_round(played):
+    record, _, _ = played
+    first_block = [turn["arm"] for turn in record["turns"] if turn["block"] == 0]
+    assert first_block == ["A", "B", "B", "A", "A", "B"]
+
+
+def test_no_arm_logs_a_step_or_runs_its_worker_during_another_arms_turn(played):
+    record, found, runs = played
+    for arm in ("A", "B", "C", "D"):
+        others = [(turn["began"], turn["ended"]) for turn in record["turns"] if turn["arm"] != arm]
+        walls = [wall for wall, _ in found[arm].get("iteration-time", {}).values()]
+        assert walls and not [wall for wall in walls if any(began < wall < ended for began, ended in others)], arm
+    beats = [float(line) for line in (runs / "B" / "heartbeat.txt").read_text().split()]
+    for began, ended in turns_of(record, "A"):
+        assert not [beat for beat in beats if began + 0.02 < beat < ended - 0.02]
+
+
+def test_an_arm_started_ahead_waits_at_its_config_until_its_block(played):
+    record, found, _ = played
+    first_block_ended = max(turn["ended"] for turn in record["turns"] if turn["block"] == 0)
+    assert min(wall for wall, _ in found["C"]["iteration-time"].values()) > first_block_ended
+
+
+def test_every_arm_is_stopped_with_its_events_flushed_and_a_failure_cuts_only_its_block(played):
+    record, found, _ = played
+    for arm in ("A", "B", "C"):
+        assert record["arms"][arm]["retired"] and record["arms"][arm]["returncode"] == 0
+        last_turn = [turn for turn in record["turns"] if turn["arm"] == arm][-1]
+        assert max(found[arm]["iteration-time"]) >= last_turn["last_step"]
+    assert record["arms"]["D"]["failure"]["why"] == "ended during its turn"
+    assert record["arms"]["D"]["returncode"] == 1
+    assert record["blocks"][2]["cut"] == "after 1 rounds: an arm failed"
+    assert "cut" not in record["blocks"][0] and "cut" not in record["blocks"][1]
+
+
+def test_the_ratios_leave_the_paused_time_out(played):
+    record, found, _ = played
+    analysis = per_step.analyse(record, found)
+    slower = analysis["blocks"][0]["spread"]["B"]
+    assert 0.5 < slower["median"] < 0.75  # 0.05 s against 0.08 s a step
+    assert analysis["blocks"][0]["verdict"]["B"] == "slower, outside the spread"
+    assert 0.8 < analysis["blocks"][1]["spread"]["C"]["median"] < 1.25
+    assert analysis["arms"]["A"]["step_ms"] < 80
+
+
+def test_a_plan_where_an_arm_comes_back_is_refused():
+    arm = turns.Arm("A", ("true",), {}, 1, 1)
+    with pytest.raises(ValueError, match="arm 'A' leaves and comes back"):
+        turns.check_plan({"A": arm, "B": arm}, [turns.Block(("A",), 1), turns.Block(("B",), 1), turns.Block(("A",), 1)])
+    with pytest.raises(ValueError, match="not defined"):
+        turns.check_plan({"A": arm}, [turns.Block(("A", "Z"), 1)])
+
+
+def state(pid: int) -> str | None:
+    fields = launches.stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields[0] if fields else None
+
+
+def test_a_real_srun_sh_launch_is_paused_whole_once_its_config_is_built_and_leaves_nothing(tmp_path: Path):
+    """srun.sh --local, torchrun and entrypoint.py for real, up to pretrain()'s first line (with no GPU here the rank
+    fails soon after it). CUDA_VISIBLE_DEVICES stands in for the GPU that srun.sh counts."""
+    env = {"GPUS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": "0", "PYTHON": sys.executable}
+    arm = turns.Arm("ours", tuple(launches.ours(levers.TINY, "train.train_iters=3")), env, 1, 1)
+    runner = turns.Turns({"ours": arm}, [], 1, 1, tmp_path, deadline=time.monotonic() + 120)
+    runner.record = {"arms": {"ours": turns.arm_record(arm)}, "turns": []}
+    runner.start("ours")
+    live = runner.live["ours"]
+    deadline = time.monotonic() + 150
+    while not live.paused and not live.ended and time.monotonic() < deadline:
+        runner.pump()
+    assert live.paused and live.config_built, "".join(text for _, text in live.launch.lines[-5:])
+    tree = launches.process_tree(live.launch.process.pid)
+    assert len(tree) >= 3 and {state(pid) for pid in tree} == {"T"}  # srun.sh, torchrun, the rank, ...
+    time.sleep(1.0)
+    runner.pump()  # what was in the pipes when it stopped (its stderr lines come by another path than its stdout's)
+    heard = len(live.launch.lines)
+    time.sleep(1.5)
+    runner.pump()
+    assert live.launch.lines[heard:] == []
+    live.resume()
+    while len(live.launch.lines) == heard and not live.ended and time.monotonic() < deadline:
+        runner.pump(warming=["ours"])  # as when its block comes: paused again only once warmed up
+    assert len(live.launch.lines) > heard  # it went on
+    runner.retire("ours")
+    gone = time.monotonic() + 10
+    while [pid for pid in tree if state(pid) not in (None, "Z")] and time.monotonic() < gone:
+        time.sleep(0.1)
+    assert not [pid for pid in tree if state(pid) not in (None, "Z")]
