@@ -380,10 +380,12 @@ def whereabouts(rank: Rank, found: list[Collective]) -> str:
     return "no answer"
 
 
-def ranks_phrase(ranks: Iterable[int]) -> str:
-    """'rank 3', or 'ranks 0-2,5'."""
+def ranks_phrase(ranks: Iterable[int], verb: str = "") -> str:
+    """'rank 3 waits', or 'ranks 0-2,5 wait' (with verb "wait")."""
     ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranges(ranks)}"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}" + (f" {verb}s" if verb else "")
+    return f"ranks {ranges(ranks)}" + (f" {verb}" if verb else "")
 
 
 def ranks_list(ranks: list[Rank], found: list[Collective], limit: int = 3) -> str:
@@ -400,7 +402,7 @@ def summary(ranks: dict[int, Rank], found: list[Collective], why: str, report: P
         waiting, never = start
         lines = [
             f"{head} hang at start: {len(never)} rank(s) never joined torch.distributed"
-            + (f"; {ranks_phrase(r.rank for r in waiting)} wait for them in the rendezvous" if waiting else ""),
+            + (f"; {ranks_phrase((r.rank for r in waiting), 'wait')} for them in the rendezvous" if waiting else ""),
             f"srun.sh:   never joined: {ranks_list(never, found)}",
         ]
     elif found and found[0].outside():
@@ -408,7 +410,7 @@ def summary(ranks: dict[int, Rank], found: list[Collective], why: str, report: P
         outside = [ranks[n] for n in first.outside()]
         waiting = [n for n in first.waiting() if n not in first.unstarted]
         lines = [
-            f"{head} {ranks_phrase(waiting)} wait in {first.name()}; {len(outside)} rank(s) not in it",
+            f"{head} {ranks_phrase(waiting, 'wait')} in {first.name()}; {len(outside)} rank(s) not in it",
             f"srun.sh:   not in it: {ranks_list(outside, found)}",
         ]
     elif found:

@@ -156,7 +156,7 @@ def test_no_incomplete_collective_is_no_finding():
 
 def test_ranges_of_ranks():
     assert hang_report.ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
-    assert hang_report.ranks_phrase([3]) == "rank 3" and hang_report.ranks_phrase([0, 1]) == "ranks 0-1"
+    assert hang_report.ranks_phrase([3], "wait") == "rank 3 waits" and hang_report.ranks_phrase([0, 1]) == "ranks 0-1"
 
 
 def context(index: int, save: str | None = None, interval: int | None = None) -> CallbackContext:

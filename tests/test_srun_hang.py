@@ -110,7 +110,7 @@ def test_sigterm_at_start_names_the_rank_that_never_joined(srun_world: SrunWorld
     host = os.uname().nodename
     assert first == (
         "srun.sh: hang report (srun.sh got SIGTERM): hang at start: 1 rank(s) never joined torch.distributed;"
-        " rank 0 wait for them in the rendezvous"
+        " rank 0 waits for them in the rendezvous"
     )
     assert re.fullmatch(rf"srun.sh:   never joined: rank 1 on {host} \(pid \d+\): at stuck_in_python .*", second)
     assert "Start: not every rank joined torch.distributed" in hang_report(srun_world)

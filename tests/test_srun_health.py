@@ -66,7 +66,7 @@ def test_health_check_passes_on_a_healthy_two_node_job_and_prints_its_table(slur
 
 
 def test_slow_rank_is_named_with_its_node_and_the_fix(slurm_world: SrunWorld):
-    env = {**TWO_BY_TWO, "FAKE_HEALTH_SLOW": "3", "FAKE_HEALTH_DELAY_S": "0.1"}
+    env = {**TWO_BY_TWO, "FAKE_HEALTH_SLOW": "3", "FAKE_HEALTH_DELAY_S": "0.05"}
     result, _ = slurm_world.in_allocation("--no-container", "--health", env=env)
 
     assert result.returncode == 1, result.stdout + result.stderr

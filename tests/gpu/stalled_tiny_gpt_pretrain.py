@@ -29,6 +29,6 @@ def stall(rank: int, at_step: int) -> None:
     upstream_train.train_step = stalled_train_step
 
 
-def configure(stall_rank: int = 1, stall_at_step: int = 8) -> ConfigContainer:
+def configure(stall_rank: int = 1, stall_at_step: int = 5) -> ConfigContainer:
     stall(stall_rank, stall_at_step)
     return tiny_configure()
