@@ -36,10 +36,15 @@ check_health() {
   printf -v nodes '%s,' "${HOSTS[@]}"
   echo "# srun.sh: health check of ${#HOSTS[@]} node(s) x $GPUS_PER_NODE rank(s), each part within" \
     "${HEALTH_TIMEOUT_S}s (HEALTH_TIMEOUT_S)" >&2
+  rm -f -- "$HOST_RUN_DIR/health.json"
   launch python3 "$REPO_DIR/launcher/health_report.py" "$HOST_RUN_DIR" --timeout "$HEALTH_TIMEOUT_S" \
     --nodes "${nodes%,}" --ranks-per-node "$GPUS_PER_NODE" -- "${HEALTH_CMD[@]}" || status=$?
   rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status # the check's ranks': the launch's own first-failure report reads these
   [[ -z $STOPPED_BY ]] || exit $((128 + $(kill -l "$STOPPED_BY")))
+  if [[ ! -s $HOST_RUN_DIR/health.json ]]; then
+    show_log_end "srun.sh: the health check ended before it judged the nodes;" "$HOST_RUN_DIR/logs/launcher.log"
+    exit 1
+  fi
   ((!HEALTH_ONLY)) || exit "$status"
   ((status)) || return 0
   ((BATCH_JOB)) || exit "$status"

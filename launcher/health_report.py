@@ -346,7 +346,7 @@ def judge(run: Run) -> tuple[list[Node], str]:
     if run.outcome == "stopped":
         job = "the check was stopped before it finished"
     elif run.outcome == "exited" and not any(node.failed for node in nodes.values()):
-        job = "the launch ended before every rank finished (see RUN_DIR/logs/launcher.log)"
+        job = f"the launch ended before every rank finished: see {run.run_dir / 'logs' / 'launcher.log'}"
     for rank in range(layout.world):
         node = nodes[layout.host(rank)]
         if not records.get(rank, {}).get("finished") and node.verdict == "ok":
@@ -387,11 +387,12 @@ def job_figures(records: dict[int, dict]) -> dict[str, float | None]:
 
 def console(run: Run, nodes: list[Node], job: str) -> list[str]:
     records, layout, results = run.records, run.layout, run.run_dir / "health.json"
-    backend = next((r["results"]["start"]["backend"] for r in records.values() if "start" in r["results"]), "?")
+    backends = {r["results"]["start"]["backend"] for r in records.values() if "start" in r["results"]}
+    over = f" over {', '.join(sorted(backends))}" if backends else ""
     sizes = sorted({int(s) for r in records.values() for p in r["results"].values() for s in p.get("busbw_gb_s", {})})
     at = f" at {sizes[-1] / 2**20:g} MiB" if sizes else ""
     lines = [
-        f"srun.sh: health check of {len(layout.hosts)} node(s) x {layout.per_node} rank(s) over {backend},"
+        f"srun.sh: health check of {len(layout.hosts)} node(s) x {layout.per_node} rank(s){over},"
         f" {run.seconds:.1f} s; bus bandwidth in GB/s{at} (pair: the best partner's)",
         *table(nodes),
     ]
