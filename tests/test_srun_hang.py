@@ -43,6 +43,18 @@ def wait_for_step(world: SrunWorld, step: int, timeout: float = 60) -> None:
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
+def processes_of(run_dir: Path) -> list[int]:
+    """This host's processes that name the run directory: the hang watch, the report, a rank."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
 def stop(proc, pid_file: Path | None, sig: signal.Signals) -> str:
     try:
         os.kill(int(pid_file.read_text()) if pid_file else proc.pid, sig)
@@ -115,6 +127,7 @@ def test_sigterm_at_start_names_the_rank_that_never_joined(srun_world: SrunWorld
     assert re.fullmatch(rf"srun.sh:   never joined: rank 1 on {host} \(pid \d+\): at stuck_in_python .*", second)
     assert "Start: not every rank joined torch.distributed" in hang_report(srun_world)
     assert wait_gone([record["pid"] for record in records.values()], timeout=10)
+    assert wait_gone(processes_of(srun_world.run_dirs()[0]), timeout=10)
 
 
 def test_hang_timeout_with_local_names_the_rank_stuck_in_another_collective(srun_world: SrunWorld):
@@ -127,3 +140,4 @@ def test_hang_timeout_with_local_names_the_rank_stuck_in_another_collective(srun
     assert second.startswith(f"srun.sh:   not in it: rank 2 on {os.uname().nodename} (pid ")
     assert "it waits in gloo:all_reduce #1" in second
     assert all(wait_gone([record["pid"]], timeout=10) for record in srun_world.records().values())
+    assert wait_gone(processes_of(srun_world.run_dirs()[0]), timeout=10)
