@@ -67,12 +67,13 @@ def missing_stack(error: ImportError) -> UsageError:
 
 try:
     with chatter_held_back(QUIET):
+        from megatron.bridge.training.callbacks import CallbackManager
         from megatron.bridge.training.config import ConfigContainer
         from megatron.bridge.training.gpt_step import forward_step
         from megatron.bridge.training.pretrain import pretrain
 
         import viztracer_plugin
-        from launcher import checks, data, nsys, outputs, overrides, precision
+        from launcher import checks, data, hang_dumps, nsys, outputs, overrides, precision, progress
         from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 except ImportError as error:
     report(missing_stack(error))
@@ -160,15 +161,18 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
         nsys.exec_under_nsys(profiled)
     set_cuda_device_max_connections(cfg)
     disable_missing_gradient_accumulation_fusion(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
-        run_dir = outputs.run_dir(recipe)
+    rank, run_dir = int(os.environ.get("RANK", "0")), outputs.run_dir(recipe)
+    if rank == 0:
         outputs.save_run_record(cfg, run_dir)
         for key, value in applied.items():
             print(f"entrypoint.py: {key} = {value!r}", flush=True)
         say_what_it_trains_on(cfg, sys.stdout)
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
-    pretrain(cfg, forward_step_func=forward_step)
+    hang_dumps.install(run_dir, rank)  # answers srun.sh's hang report: stacks and flight recorder
+    callbacks = CallbackManager()
+    progress.register(callbacks, run_dir, rank)  # the step record srun.sh's hang watch reads
+    pretrain(cfg, forward_step_func=forward_step, callbacks=callbacks)
     viztracer_plugin.exit_traced_process(0)
 
 

@@ -6,13 +6,18 @@
 #   ./srun.sh --local recipes/tiny_gpt_pretrain.py train.train_iters=20     # this host only, no SLURM
 #   ./srun.sh --dry-run recipes/llama3_8b_pretrain.py                       # print what would run
 #   ./srun.sh --sbatch -N 4 -t 24:00:00 -- recipes/llama3_8b_pretrain.py    # a batch job that survives its time limit
+#   salloc -N 64 ./srun.sh --health                                         # check the nodes; exit 0 when all pass
 #
 # Usage: ./srun.sh [options] RECIPE.py [NAME=VALUE ...]     (NAME=VALUE reach every rank byte for byte)
 #        ./srun.sh --sbatch [SBATCH_OPTION ...] -- [options] RECIPE.py [NAME=VALUE ...]
+#        ./srun.sh --health [--local | --no-container | --dry-run]
 #   --nsys          run the ranks of profiling.profile_ranks under nsys; reports in RUN_DIR/nsys/
 #   --dry-run       print the launch command and the environment; start nothing (works outside an allocation)
 #   --no-container  the same launch without pyxis, with this host's $PYTHON (a venv every node shares)
 #   --local         no SLURM: GPUS_PER_NODE ranks on this host, started and supervised by torchrun
+#   --health        only the health check, on every rank of the launch: per GPU, per node, between nodes in
+#                   pairs, job-wide; a table on the console and in RUN_DIR/health.json naming every node to
+#                   exclude; exit 0 when every node passes, 1 otherwise
 #   --sbatch ... -- submit the launch as a batch job with these sbatch options. RUN_ID is the job id. SAVE_LEAD_S
 #                   before the time limit the ranks get SIGTERM, Megatron Bridge saves a checkpoint and stops, and
 #                   the job requeues itself; a failed job is requeued up to MAX_RETRIES times; each time it
@@ -21,7 +26,8 @@
 #
 # Each rank's output reaches the console labelled "RANK: " and RUN_DIR/logs/rank-RANK.log. When a rank fails, the
 # others get SIGTERM, and srun.sh names the rank that failed first and exits with its status. SIGINT or SIGTERM to
-# srun.sh sends SIGTERM to every rank.
+# srun.sh sends SIGTERM to every rank, after it wrote RUN_DIR/hang-report.txt: where every rank is (its Python stacks,
+# torch's flight recorder), and which ranks are not in the collective the others wait in.
 set -euo pipefail
 
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
@@ -55,6 +61,13 @@ NSYS=${NSYS:-nsys}
 SAVE_LEAD_S=${SAVE_LEAD_S:-300}
 # --sbatch: how often a job whose ranks failed is requeued (a time-limit save always is).      MAX_RETRIES=0
 MAX_RETRIES=${MAX_RETRIES:-2}
+# 1: the health check (--health) first; a batch job requeues itself without the nodes that fail it.   HEALTH=1
+HEALTH=${HEALTH:-0}
+# Seconds each part of the health check may take on a rank before it counts as a hang (the start: 3 x as long).
+HEALTH_TIMEOUT_S=${HEALTH_TIMEOUT_S:-60}
+# Seconds without a completed training step after which srun.sh writes the hang report and stops the ranks (exit
+# 124); empty: 10 x the longest step so far, at least 5 min; off: never. Before the first step: 20 min, or more.
+HANG_TIMEOUT_S=${HANG_TIMEOUT_S:-}
 # ---- End of knobs ----------------------------------------------------------------------------------------------
 
 usage() {
@@ -86,20 +99,25 @@ is_positive_int() {
 }
 
 parse_args() {
-  USE_NSYS=0 DRY_RUN=0 USE_CONTAINER=1 LOCAL=0
+  USE_NSYS=0 DRY_RUN=0 USE_CONTAINER=1 LOCAL=0 HEALTH_ONLY=0
   while (($#)); do
     case $1 in
       --nsys) USE_NSYS=1 ;;
       --dry-run) DRY_RUN=1 ;;
       --no-container) USE_CONTAINER=0 ;;
       --local) LOCAL=1 USE_CONTAINER=0 ;;
+      --health) HEALTH_ONLY=1 ;;
       -h | --help) usage && exit 0 ;;
       --sbatch) die "--sbatch comes first: ./srun.sh --sbatch [SBATCH_OPTION ...] -- [options] RECIPE.py ..." ;;
-      -*) die "unknown option $(q "$1"): the options are --nsys --dry-run --no-container --local --sbatch --help" ;;
+      -*) die "unknown option $(q "$1"): the options are --nsys --dry-run --no-container --local --health --sbatch --help" ;;
       *) break ;;
     esac
     shift
   done
+  ((!HEALTH_ONLY)) || {
+    health_only_args "$@" # launcher/health.sh
+    return 0
+  }
   (($#)) || die "no recipe given: usage is ./srun.sh [options] RECIPE.py [NAME=VALUE ...]"
   RECIPE=$1
   shift
@@ -107,7 +125,7 @@ parse_args() {
   local arg
   for arg in "${OVERRIDES[@]}"; do
     case $arg in
-      --nsys | --dry-run | --no-container | --local | -h | --help | --sbatch)
+      --nsys | --dry-run | --no-container | --local | --health | -h | --help | --sbatch)
         die "option $arg comes after the recipe: put it first, as in ./srun.sh $arg $(q "$RECIPE") ..."
         ;;
     esac
@@ -132,7 +150,8 @@ default_override() {
 }
 
 # The parts of srun.sh, one file each: the checks on the launching host, the rank side (--rank-exec), the launch's
-# supervision (signals, the first failure), batch jobs (--sbatch) and the run directory (its id and lock).
+# supervision (signals, the first failure), batch jobs (--sbatch), the run directory (its id and lock), the health
+# check and the hang report.
 # shellcheck source=launcher/validate.sh
 source "$REPO_DIR/launcher/validate.sh"
 # shellcheck source=launcher/rank.sh
@@ -143,6 +162,10 @@ source "$REPO_DIR/launcher/supervise.sh"
 source "$REPO_DIR/launcher/sbatch.sh"
 # shellcheck source=launcher/run_dir.sh
 source "$REPO_DIR/launcher/run_dir.sh"
+# shellcheck source=launcher/health.sh
+source "$REPO_DIR/launcher/health.sh"
+# shellcheck source=launcher/hang.sh
+source "$REPO_DIR/launcher/hang.sh"
 
 # An address of HOST that the other nodes reach: SLURM's NodeAddr, or the first of its IPv4 addresses outside
 # 127.0.0.0/8 (Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts, which only that host reaches).
@@ -264,6 +287,10 @@ print_dry_run() {
     WORLD_SIZE LOCAL_WORLD_SIZE NSYS SRUN_SH_NSYS; do
     printf 'export %s=%q\n' "$name" "${!name}"
   done
+  if ((HEALTH && !HEALTH_ONLY)); then
+    echo "# Health check, run first (HEALTH=1):"
+    quoted "${HEALTH_CMD[@]}"
+  fi
   echo "# Launch command:"
   quoted "${LAUNCH_CMD[@]}"
 }
@@ -290,8 +317,10 @@ main() {
   resolve_job
   export_rank_env
   local python_cmd=("$PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
+  ((!HEALTH_ONLY)) || python_cmd=("$PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
   RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}")
   launch_command
+  ((!HEALTH)) || health_check_command
   if ((DRY_RUN)); then
     print_dry_run
     exit 0
@@ -305,15 +334,18 @@ main() {
   quoted "${python_cmd[@]}" >&2
 
   trap_stop_signals
+  ((!HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
   local status=0
-  launch "${LAUNCH_CMD[@]}" || status=$?
+  launch_watched "${LAUNCH_CMD[@]}" || status=$? # launcher/hang.sh
   if [[ -n $STOPPED_BY ]]; then
     exit $((128 + $(kill -l "$STOPPED_BY")))
   fi
-  if ((status)) && report_failure; then
+  if [[ -n $HUNG ]]; then
+    status=124 # the hang watch stopped the ranks, and the hang report said why
+  elif ((status)) && report_failure; then
     status=$FIRST_STATUS
   fi
-  ((!BATCH_JOB)) || requeue_batch_job "$status" || status=$?
+  ((!BATCH_JOB)) || requeue_batch_job "$status" ${HUNG:+"hung: see $HOST_RUN_DIR/hang-report.txt"} || status=$?
   exit "$status"
 }
 

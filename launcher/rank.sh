@@ -62,6 +62,9 @@ exec_rank() {
     RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID # SLURM's task ids become torch.distributed's
   fi
   export RANK LOCAL_RANK
+  # srun.sh's hang report signals every process of the step (SIGUSR2): only the rank answers (launcher/hang_dumps.py)
+  # and the rest, this shell and its log writers among them, ignore it, as the rank does until it answers.
+  trap '' USR2
   export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$RANK}             # per rank: no compile-cache races
   export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions_$RANK} # per rank, likewise
   RANK_LOG=$RUN_DIR/logs/rank-$RANK.log

@@ -101,6 +101,7 @@ trap_time_limit() {
 save_before_time_limit() {
   TIME_LIMIT_REACHED=1
   echo "srun.sh: job $SLURM_JOB_ID reaches its time limit in ${SAVE_LEAD_S}s: SIGTERM to every rank to save and stop" >&2
+  collect_hang_report "the job's time limit is ${SAVE_LEAD_S}s away" # launcher/hang.sh
   local step
   step=$(launch_step)
   [[ -z $step ]] || scancel --signal=TERM "$step" || true
@@ -108,7 +109,7 @@ save_before_time_limit() {
 
 # After the launch of a --sbatch job: requeue it when it stopped for its time limit, or failed with retries left;
 # it then resumes run RUN_ID from its latest checkpoint. SIGTERM to the job (scancel, preemption) requeues nothing:
-# SLURM requeues a preempted job itself.
+# SLURM requeues a preempted job itself. REASON, if given, says how it failed. Returns 0 once it is requeued.
 requeue_batch_job() {
   local status=$1 history=$HOST_RUN_DIR/logs/requeues.log reason failures
   if ((TIME_LIMIT_REACHED)); then
@@ -120,7 +121,7 @@ requeue_batch_job() {
         "failure(s) already (MAX_RETRIES=$MAX_RETRIES)" >&2
       return "$status"
     fi
-    reason="failed with exit status $status"
+    reason=${2:-"failed with exit status $status"}
   else
     return "$status"
   fi

@@ -21,19 +21,25 @@ keep_launcher_notes() {
   fi
 }
 
-# SIGTERM to every rank, SIGKILL to what is left after the grace period (the cluster's KillWait; torchrun's 30 s).
-# Runs as a trap: srun.sh then exits 128+N.
+# SIGINT, SIGTERM or SIGHUP to srun.sh: the hang report, then every rank is stopped. Runs as a trap: srun.sh then
+# exits 128+N.
 # shellcheck disable=SC2329  # invoked by the traps that trap_stop_signals sets
 stop_launch() {
   [[ -z ${STOPPED_BY:-} ]] || return 0
   STOPPED_BY=$1
   echo "srun.sh: got SIG$1; sending SIGTERM to every rank" >&2
+  collect_hang_report "srun.sh got SIG$1" # launcher/hang.sh: before any rank is signalled
+  stop_ranks
+}
+
+# SIGTERM to every rank, SIGKILL to what is left after the grace period (the cluster's KillWait; torchrun's 30 s).
+stop_ranks() {
   local step
   ((LOCAL)) || step=$(launch_step)
   if [[ -z ${step:-} ]]; then
     # torchrun, or srun before its step exists (it then cancels its request)
     [[ -z $LAUNCH_PID ]] || kill -TERM "$LAUNCH_PID" 2>/dev/null || true
-    return
+    return 0 # a bare return in a trap would return the status of the wait it interrupted
   fi
   scancel --signal=TERM "$step" || true
   local grace

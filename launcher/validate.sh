@@ -203,5 +203,7 @@ validate() {
     die "RUN_ID=$(q "$RUN_ID") is not a run name:" "use letters, digits, '.', '_' and '-', as in 4242-20261130-101500"
   fi
   read -ra SRUN_EXTRA <<<"$SRUN_EXTRA_ARGS"
+  validate_health_knobs # launcher/health.sh
+  validate_hang_knobs   # launcher/hang.sh
   validate_paths
 }

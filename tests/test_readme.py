@@ -27,7 +27,7 @@ DATA_SECTION = README.split("\n## Your data\n", 1)[1].split("\n## ", 1)[0]
 DATA_COMMANDS = re.findall(r"^    (\S.*)$", DATA_SECTION, re.MULTILINE)
 # Not the usage line; the data section's launches need its prepared data, and run in its own test.
 EXAMPLES = [e for e in EXAMPLE.findall(README) if "RECIPE.py" not in e and e not in DATA_COMMANDS]
-SRUN_OPTIONS = {"--nsys", "--dry-run", "--no-container", "--local"}
+SRUN_OPTIONS = {"--nsys", "--dry-run", "--no-container", "--local", "--health"}
 # The local Hugging Face shapes that stand in for the README's /fsx model folders and for the hub (no network here).
 HF_SHAPES = {"DeepSeek-V2-Lite": "deepseek_v2", "DeepSeek-V2": "deepseek_v2", "Qwen3-30B-A3B": "qwen3_moe"}
 HUB_RECIPES = {f"recipes/{recipe}.py": shape for recipe, shape in hf_models.RECIPE_SHAPES.items() if shape}
@@ -47,7 +47,7 @@ def split(example: str) -> tuple[int, list[str], list[str], str, list[str]]:
         sbatch, words = words[1 : words.index("--")], words[words.index("--") + 1 :]
         nodes = int(sbatch[sbatch.index("-N") + 1])
     options = [w for w in words if w in SRUN_OPTIONS]
-    rest = [w for w in words if w not in SRUN_OPTIONS]
+    rest = [w for w in words if w not in SRUN_OPTIONS] or [""]  # --health takes no recipe
     return nodes, sbatch, options, rest[0], rest[1:]
 
 
@@ -90,8 +90,11 @@ def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Pat
     env = launch_environment(tmp_path, options)
     dry_run = ["--dry-run", *(o for o in options if o != "--dry-run")]
     submit = ["--sbatch", *sbatch, "--"] if sbatch else []
-    result = run([str(REPO / "srun.sh"), *submit, *dry_run, recipe, *arguments], env)
+    result = run([str(REPO / "srun.sh"), *submit, *dry_run, *([recipe] if recipe else []), *arguments], env)
     assert result.returncode == 0, result.stderr[-2000:]
+    if "--health" in options:
+        assert "launcher/health.py" in result.stdout
+        return
     if "--nsys" in options:
         arguments.append("profiling.use_nsys_profiler=true")
     world_size = 2 if "--local" in options else 8 * nodes

@@ -186,6 +186,30 @@ def cases(world: Path) -> dict[str, Case]:
             env={"GPUS_PER_NODE": "4"},
             salloc=("--nodes=2", "--gpus-per-node=2"),
         ),
+        "health with a recipe": Case(
+            ["--health", "recipe.py"],
+            ["--health runs the health check alone, so recipe.py has no place here", "HEALTH=1 ./srun.sh RECIPE.py"],
+        ),
+        "health with nsys": Case(["--health", "--nsys"], ["--nsys profiles training, and --health trains nothing"]),
+        "health option with a value": Case(["--health=full"], ["unknown option --health=full", "--health"]),
+        "health after the recipe": Case([*local, "--health"], ["option --health comes after the recipe"]),
+        "health knob not 0 or 1": Case(
+            local, ["HEALTH=yes is not 0 or 1", "HEALTH=1 runs the health check"], env={"HEALTH": "yes"}
+        ),
+        "health timeout zero": Case(
+            ["--local", "--health"],
+            ["HEALTH_TIMEOUT_S=0 is not a positive number of seconds", "HEALTH_TIMEOUT_S=60"],
+            env={"HEALTH_TIMEOUT_S": "0"},
+        ),
+        "hang timeout zero": Case(
+            ["--no-container", "recipe.py"],
+            ["HANG_TIMEOUT_S=0 is not a positive number of seconds", "HANG_TIMEOUT_S=900, off, or unset"],
+            env={"HANG_TIMEOUT_S": "0"},
+            in_allocation=True,
+        ),
+        "hang timeout not a number": Case(
+            local, ["HANG_TIMEOUT_S=5m is not a positive number of seconds"], env={"HANG_TIMEOUT_S": "5m"}
+        ),
         "internal mode outside a task": Case(
             ["--rank-exec", "python3"],
             ["--rank-exec is srun.sh's own mode for one rank", "run ./srun.sh RECIPE.py instead"],

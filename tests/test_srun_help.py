@@ -16,5 +16,5 @@ def test_help_lists_every_option_and_knob_and_starts_nothing(srun_world: SrunWor
     script = (REPO / "srun.sh").read_text()
     knobs = re.findall(r"^([A-Z_]+)=\$\{\1:-", script, flags=re.MULTILINE)
     assert len(knobs) >= 9
-    for name in [*knobs, "--nsys", "--dry-run", "--no-container", "--local", "--help"]:
+    for name in [*knobs, "--nsys", "--dry-run", "--no-container", "--local", "--health", "--help"]:
         assert re.search(rf"^\s+(-h, )?{name}\b", result.stdout, flags=re.MULTILINE), name

@@ -1,0 +1,556 @@
+"""srun.sh's hang report: before any rank is stopped, ask every rank for its Python stacks and torch's flight
+recorder (SIGUSR2, answered by launcher/hang_dumps.py), then write RUN_DIR/hang-report.txt: which ranks are not in
+the collective that the others wait in, on which host, and the top frames of every rank; a hang at start (ranks
+that never joined torch.distributed) is named as such. The console gets three lines.
+
+    python3 launcher/hang_report.py RUN_DIR --why TEXT --world-size N --nodes HOST,... --ranks-per-node G
+                                    (--step JOB.STEP | --local)
+
+--step signals the job step with `scancel --signal=USR2` (every process of it: only the rank answers); --local
+signals the pids that the ranks registered (each checked against its process start time). Runs on the launching host
+with the standard library only (the flight recorder's records are plain pickles); torch's own analysis,
+`torchfrtrace`, is added when this Python has torch and the records are NCCL's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+ANSWER_WAIT_S = 10.0  # the most a report waits for the ranks' answers
+STACKS_GRACE_S = 3.0  # how long a rank whose stacks came may still take to dump its flight recorder
+TOP_FRAMES = 6
+FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+THREAD = re.compile(r"^(?:Current thread|Thread) 0x(?P<ident>[0-9a-f]+) \(most recent call first\):$")
+RENDEZVOUS_FUNCTIONS = ("init_process_group", "rendezvous", "_store_based_barrier", "_create_c10d_store")
+
+
+@dataclasses.dataclass
+class Rank:
+    rank: int
+    host: str
+    registered: dict | None = None  # rank-R.json: pid, start time, main thread
+    answer: dict | None = None  # answer-rank-R.json: distributed, backend, last step
+    frames: list[str] = dataclasses.field(default_factory=list)  # the main thread's, most recent first
+    dump: dict | None = None  # the flight recorder record
+    ended: str | None = None  # how it ended, if it had (its status record)
+
+    def where(self) -> str:
+        pid = f" (pid {self.registered['pid']})" if self.registered else ""
+        return f"rank {self.rank} on {self.host}{pid}"
+
+    def last_step(self) -> str:
+        step = (self.answer or {}).get("last_step")
+        return "" if step is None else f", last step {step}"
+
+
+@dataclasses.dataclass
+class Collective:
+    """One process group's oldest collective that not every member completed."""
+
+    group: str
+    desc: str
+    members: list[int]
+    seq: int
+    ops: dict[str, list[int]]  # what the waiting ranks are in: "gloo:all_reduce" -> ranks
+    sizes: str
+    behind: list[int]  # members with a record that have not entered it
+    silent: list[int]  # members without a record
+    unstarted: list[int]  # members in it whose GPU never started it, while another member's did (NCCL)
+    gpu_states: str  # "started" (every GPU is in it), "scheduled" (no GPU started it), or "" (unknown)
+
+    def waiting(self) -> list[int]:
+        return sorted(rank for ranks in self.ops.values() for rank in ranks)
+
+    def outside(self) -> list[int]:
+        """The members the others wait for."""
+        return sorted(self.behind + self.silent + self.unstarted)
+
+    def name(self) -> str:
+        op = max(self.ops, key=lambda op: len(self.ops[op]))
+        label = f"{self.desc}, " if self.desc else ""
+        return f"{op} #{self.seq} of process group {self.group} ({label}ranks {ranges(self.members)})"
+
+
+def ranges(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = previous = None
+    for rank in [*ordered, None]:
+        if rank is not None and previous is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if start is not None:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = rank
+    return ",".join(parts)
+
+
+def thread_stacks(text: str) -> dict[int, list[str]]:
+    """faulthandler's dump -> {thread ident: ["func (file:line)", ...]}, most recent call first."""
+    stacks: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        header = THREAD.match(line)
+        if header:
+            current = stacks.setdefault(int(header.group("ident"), 16), [])
+            current.clear()  # a later dump of the same thread replaces an earlier one
+            continue
+        frame = FRAME.match(line)
+        if frame and current is not None:
+            current.append(f"{frame.group('func')} ({frame.group('file')}:{frame.group('line')})")
+    return stacks
+
+
+def main_thread_frames(text: str, ident: int | None) -> list[str]:
+    stacks = thread_stacks(text)
+    if ident in stacks:
+        return stacks[ident]
+    return next(iter(stacks.values()), [])
+
+
+def short(frame: str) -> str:
+    """'func (/long/path/to/file.py:12)' -> 'func (file.py:12)'."""
+    match = re.fullmatch(r"(.*) \((.*):(\d+)\)", frame)
+    return f"{match.group(1)} ({Path(match.group(2)).name}:{match.group(3)})" if match else frame
+
+
+def own_frame(frames: list[str]) -> str | None:
+    """The first frame outside torch and the standard library's threading: where the rank's own code is."""
+    for frame in frames:
+        if "/torch/" not in frame and "threading.py" not in frame:
+            return frame
+    return None
+
+
+def position(frames: list[str]) -> str:
+    """Where a rank's main thread is, in a few words: 'all_reduce (distributed_c10d.py:2870) from step (x.py:9)'."""
+    if not frames:
+        return "no stacks"
+    top, own = frames[0], own_frame(frames)
+    if own is None or own == top:
+        return short(top)
+    return f"{short(top)} from {short(own)}"
+
+
+# ---- Asking the ranks -------------------------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def registered_ranks(hang: Path) -> dict[int, dict]:
+    found = {}
+    for path in hang.glob("rank-*.json"):
+        record = read_json(path)
+        if record is not None:
+            found[int(record["rank"])] = record
+    return found
+
+
+def stacks_sizes(hang: Path, ranks: Iterable[int]) -> dict[int, int]:
+    sizes = {}
+    for rank in ranks:
+        try:
+            sizes[rank] = (hang / f"stacks-rank-{rank}.txt").stat().st_size
+        except OSError:
+            sizes[rank] = 0
+    return sizes
+
+
+def forget_earlier_answers(hang: Path) -> None:
+    for path in [*hang.glob("answer-rank-*.json"), *(hang / "fr").glob("rank-*")]:
+        path.unlink(missing_ok=True)
+
+
+def signal_step(step: str) -> str | None:
+    result = subprocess.run(["scancel", "--signal=USR2", step], capture_output=True, text=True, check=False)
+    return None if result.returncode == 0 else (result.stderr.strip() or f"scancel exited {result.returncode}")
+
+
+def signal_local(registered: dict[int, dict]) -> str | None:
+    """SIGUSR2 to each registered rank that is still the process it registered (pids are reused)."""
+    for record in registered.values():
+        if not same_process(record):
+            continue
+        try:
+            os.kill(int(record["pid"]), signal.SIGUSR2)
+        except ProcessLookupError:
+            continue  # it ended in between
+    return None
+
+
+def same_process(record: dict) -> bool:
+    try:
+        stat = Path(f"/proc/{record['pid']}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[19] == record.get("start_time")
+
+
+def ended_ranks(run_dir: Path, world: int) -> dict[int, str]:
+    """The ranks whose end launcher/rank.sh recorded (RUN_DIR/logs/rank-R.status: status, time, host)."""
+    ended = {}
+    for rank in range(world):
+        try:
+            status = (run_dir / "logs" / f"rank-{rank}.status").read_text().split()[0]
+        except (OSError, IndexError):
+            continue
+        ended[rank] = f"it had ended, with exit status {status}"
+    return ended
+
+
+def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> None:
+    """Until every pending rank answered, or its stacks came STACKS_GRACE_S ago, or ANSWER_WAIT_S passed."""
+    started = time.monotonic()
+    stacks_at: dict[int, float] = {}
+    while pending and time.monotonic() - started < ANSWER_WAIT_S:
+        now = time.monotonic()
+        for rank in sorted(pending):
+            if (hang / f"answer-rank-{rank}.json").exists():
+                pending.discard(rank)
+                continue
+            if stacks_sizes(hang, [rank])[rank] > before.get(rank, 0):
+                stacks_at.setdefault(rank, now)
+            if now - stacks_at.get(rank, now) > STACKS_GRACE_S:
+                pending.discard(rank)
+        time.sleep(0.5)
+
+
+def read_stacks(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as stacks:
+            stacks.seek(offset)
+            return stacks.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def read_dump(path: Path) -> dict | None:
+    try:
+        with path.open("rb") as record:
+            return pickle.load(record)
+    except (OSError, pickle.UnpicklingError, EOFError):
+        return None
+
+
+def gather(run_dir: Path, world: int, host_of: list[str], before: dict[int, int], ended: dict[int, str]) -> dict:
+    hang = run_dir / "hang"
+    registered = registered_ranks(hang)
+    ranks = {}
+    for number in range(world):
+        record = registered.get(number)
+        host = record["host"] if record else host_of[number] if number < len(host_of) else "?"
+        rank = Rank(number, host, registered=record, ended=ended.get(number))
+        rank.answer = read_json(hang / f"answer-rank-{number}.json")
+        text = read_stacks(hang / f"stacks-rank-{number}.txt", before.get(number, 0))
+        rank.frames = main_thread_frames(text, record["main_thread"] if record else None)
+        if rank.answer and rank.answer.get("flight_recorder"):
+            rank.dump = read_dump(hang / "fr" / rank.answer["flight_recorder"])
+        ranks[number] = rank
+    return ranks
+
+
+# ---- What the records say ---------------------------------------------------------------------------------------
+
+
+def group_records(dump: dict) -> dict[str, dict]:
+    """One rank's flight recorder -> {process group name: desc, members, enqueued, completed, entries by seq}."""
+    groups: dict[str, dict] = {}
+    names: dict[str, tuple[str, str]] = {}
+
+    def group(name: str, desc: str) -> dict:
+        return groups.setdefault(name, {"desc": desc, "members": None, "enqueued": 0, "completed": 0, "entries": {}})
+
+    for entry in dump.get("entries", []):
+        if entry.get("is_p2p"):
+            continue
+        name, desc = (str(part) for part in entry["process_group"])
+        desc = "" if desc == "undefined" else desc
+        names[str(entry["pg_id"])] = (name, desc)
+        group(name, desc)["entries"][int(entry["collective_seq_id"])] = entry
+    for pg_id, status in dump.get("pg_status", {}).items():
+        record = group(*names.get(str(pg_id), (str(pg_id), "")))
+        record["enqueued"] = max(0, int(status["last_enqueued_collective"]))  # -1: none yet (sequence ids start at 1)
+        record["completed"] = max(0, int(status["last_completed_collective"]))
+    for name, config in dump.get("pg_config", {}).items():
+        if name in groups:
+            groups[name]["members"] = json.loads(config["ranks"])
+    return groups
+
+
+def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
+    """Every process group's oldest collective that not all of its members completed, the most telling first: those
+    with members that are not in it, then those that the most ranks wait in."""
+    records = {number: group_records(rank.dump) for number, rank in ranks.items() if rank.dump is not None}
+    found = []
+    for name in sorted({name for groups in records.values() for name in groups}):
+        known = [groups[name] for groups in records.values() if name in groups]
+        desc = next((group["desc"] for group in known if group["desc"]), "")
+        members = next((group["members"] for group in known if group["members"]), None)
+        if members is None:
+            members = list(range(world)) if desc == "default_pg" else [n for n in records if name in records[n]]
+        status = {}
+        for member in members:
+            if member in records:
+                group = records[member].get(name, {"enqueued": 0, "completed": 0})
+                status[member] = (group["enqueued"], group["completed"])
+        if not any(enqueued > completed for enqueued, completed in status.values()):
+            continue
+        seq = min(completed for _, completed in status.values()) + 1
+        ops: dict[str, list[int]] = {}
+        states: dict[int, str] = {}
+        sizes = ""
+        for member, (enqueued, completed) in sorted(status.items()):
+            if enqueued >= seq > completed:
+                entry = records[member][name]["entries"].get(seq) or {}
+                ops.setdefault(entry.get("profiling_name", "a collective"), []).append(member)
+                states[member] = str(entry.get("state"))
+                sizes = sizes or str(entry.get("input_sizes", ""))
+        behind = sorted(member for member, (enqueued, _) in status.items() if enqueued < seq)
+        silent = sorted(member for member in members if member not in records)
+        started = [member for member, state in states.items() if state == "started"]
+        unstarted = sorted(member for member, state in states.items() if state == "scheduled") if started else []
+        found.append(
+            Collective(
+                name, desc, sorted(members), seq, ops, sizes, behind, silent, unstarted, gpu_states(known, states)
+            )
+        )
+    return sorted(found, key=lambda c: (not c.outside(), -len(c.waiting()), -len(c.members), c.seq))
+
+
+def gpu_states(groups: list[dict], states: dict[int, str]) -> str:
+    """What NCCL's records say of the members' GPUs: all "started" the collective, none did ("scheduled", known
+    only when TORCH_NCCL_ENABLE_TIMING records starts at all), or "" when that is unknown."""
+    values = set(states.values())
+    if values == {"started"}:
+        return "started"
+    timed = any(entry.get("time_discovered_started_ns") for group in groups for entry in group["entries"].values())
+    return "scheduled" if values == {"scheduled"} and timed else ""
+
+
+def in_rendezvous(rank: Rank) -> bool:
+    return any(name in frame for frame in rank.frames for name in RENDEZVOUS_FUNCTIONS)
+
+
+def start_hang(ranks: dict[int, Rank]) -> tuple[list[Rank], list[Rank]] | None:
+    """(waiting in the rendezvous, never joined) when some rank had not joined torch.distributed, else None."""
+    waiting, never = [], []
+    for rank in ranks.values():
+        if (rank.answer and rank.answer.get("distributed")) or rank.ended:
+            continue
+        if in_rendezvous(rank):
+            waiting.append(rank)
+        elif rank.answer is not None or rank.registered is None:
+            never.append(rank)
+    return (waiting, never) if never or waiting else None
+
+
+def whereabouts(rank: Rank, found: list[Collective]) -> str:
+    """Where a rank that is not in a collective is instead."""
+    if rank.ended:
+        return rank.ended
+    for collective in found:
+        if rank.rank in collective.unstarted:
+            return f"its GPU never started it (the work queued before it is stuck), at {position(rank.frames)}"
+    for collective in found:
+        for op, members in collective.ops.items():
+            if rank.rank in members:
+                return f"it waits in {op} #{collective.seq} of process group {collective.group}"
+    if rank.frames:
+        return f"at {position(rank.frames)}"
+    if rank.registered is None:
+        return "no answer: it had not started entrypoint.py's hang handler"
+    return "no answer"
+
+
+def ranks_phrase(ranks: Iterable[int], verb: str = "") -> str:
+    """'rank 3 waits', or 'ranks 0-2,5 wait' (with verb "wait")."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}" + (f" {verb}s" if verb else "")
+    return f"ranks {ranges(ranks)}" + (f" {verb}" if verb else "")
+
+
+def ranks_list(ranks: list[Rank], found: list[Collective], limit: int = 3) -> str:
+    shown = [f"{rank.where()}: {whereabouts(rank, found)}" for rank in ranks[:limit]]
+    more = f"; and {len(ranks) - limit} more" if len(ranks) > limit else ""
+    return "; ".join(shown) + more
+
+
+def summary(ranks: dict[int, Rank], found: list[Collective], why: str, report: Path) -> list[str]:
+    """The three console lines."""
+    head = f"srun.sh: hang report ({why}):"
+    start = start_hang(ranks)
+    if start and start[1]:
+        waiting, never = start
+        lines = [
+            f"{head} hang at start: {len(never)} rank(s) never joined torch.distributed"
+            + (f"; {ranks_phrase((r.rank for r in waiting), 'wait')} for them in the rendezvous" if waiting else ""),
+            f"srun.sh:   never joined: {ranks_list(never, found)}",
+        ]
+    elif found and found[0].outside():
+        first = found[0]
+        outside = [ranks[n] for n in first.outside()]
+        waiting = [n for n in first.waiting() if n not in first.unstarted]
+        lines = [
+            f"{head} {ranks_phrase(waiting, 'wait')} in {first.name()}; {len(outside)} rank(s) not in it",
+            f"srun.sh:   not in it: {ranks_list(outside, found)}",
+        ]
+    elif found:
+        first = found[0]
+        hosts = ", ".join(sorted({ranks[n].host for n in first.members if n in ranks}))
+        suspect = {
+            "started": f"every GPU is in it: suspect the network between {hosts} (NCCL_DEBUG=INFO shows the transport)",
+            "scheduled": "no member's GPU started it: the work queued before it is stuck on every member",
+        }.get(first.gpu_states, f"suspect the network between {hosts}, or stuck GPUs (see the top frames)")
+        lines = [f"{head} every member of {first.name()} is in it, and none completed it", f"srun.sh:   {suspect}"]
+    else:
+        steps = sorted({r.answer["last_step"] for r in ranks.values() if r.answer and r.answer.get("last_step")})
+        answered = sum(1 for r in ranks.values() if r.answer or r.frames)
+        at = f", at step {steps[0]}" if len(steps) == 1 else f", at steps {steps[0]}-{steps[-1]}" if steps else ""
+        first = next((r for r in ranks.values() if r.frames), None)
+        lines = [
+            f"{head} no rank waits in a collective that another rank is not in; {answered} of {len(ranks)} answered"
+            + at,
+            f"srun.sh:   {first.where()}: at {position(first.frames)}" if first else "srun.sh:   no stacks came",
+        ]
+    return [*lines, f"srun.sh:   every rank's top frames and torch's analysis: {report}"]
+
+
+# ---- The report file --------------------------------------------------------------------------------------------
+
+
+def frames_by_rank(ranks: dict[int, Rank]) -> list[str]:
+    """Ranks with the same top frames together, so that a 4,096-rank job reads in a screen."""
+    alike: dict[tuple[str, ...], list[Rank]] = {}
+    for rank in ranks.values():
+        alike.setdefault(tuple(short(frame) for frame in rank.frames[:TOP_FRAMES]), []).append(rank)
+    lines = []
+    for frames, group in sorted(alike.items(), key=lambda item: (len(item[1]), item[1][0].rank)):
+        hosts = sorted({rank.host for rank in group})
+        where = (
+            group[0].where() + group[0].last_step()
+            if len(group) == 1
+            else (f"ranks {ranges(r.rank for r in group)} on {', '.join(hosts[:4])}{' ...' if len(hosts) > 4 else ''}")
+        )
+        state = group[0].ended or ("" if frames else "no stacks")
+        lines.append(f"  {where}{': ' + state if state else ''}")
+        lines += [f"      {frame}" for frame in frames]
+    return lines
+
+
+def torch_analysis(ranks: dict[int, Rank], fr_dir: Path) -> list[str]:
+    """torchfrtrace's own analysis of the records, where it runs: it reads NCCL's records (not gloo's) with torch."""
+    dumps = [rank.dump for rank in ranks.values() if rank.dump is not None]
+    names = {entry.get("profiling_name", "") for dump in dumps for entry in dump.get("entries", [])}
+    command = f"torchfrtrace {fr_dir} -p rank- --allow-incomplete-ranks"
+    if not dumps:
+        return ["  no flight recorder records came"]
+    if not any(name.startswith("nccl:") for name in names):
+        return ["  torchfrtrace reads NCCL's records only; these are gloo's (the analysis above reads them)"]
+    if importlib.util.find_spec("torch") is None:
+        return [f"  {sys.executable} has no torch: run `{command}` where torch is"]
+    module = "torch.distributed.flight_recorder.fr_trace"
+    arguments = [sys.executable, "-m", module, str(fr_dir), "-p", "rank-", "--allow-incomplete-ranks"]
+    try:
+        result = subprocess.run(arguments, capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        return [f"  `{command}` took more than 120 s; run it yourself"]
+    output = (result.stdout + result.stderr).splitlines()[-60:]
+    return [f"  `{command}` (exit status {result.returncode}):", *(f"    {line}" for line in output)]
+
+
+def report_text(ranks: dict[int, Rank], found: list[Collective], why: str, run_dir: Path) -> str:
+    answered = sum(1 for rank in ranks.values() if rank.answer)
+    stacks = sum(1 for rank in ranks.values() if rank.frames)
+    records = sum(1 for rank in ranks.values() if rank.dump is not None)
+    hosts = {rank.host for rank in ranks.values()}
+    now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    lines = [
+        f"Hang report of run {run_dir.name}, {now}",
+        f"Why: {why}",
+        f"Ranks: {len(ranks)} on {len(hosts)} host(s); stacks from {stacks}, answers from {answered},"
+        f" flight recorder records from {records}",
+        "",
+    ]
+    start = start_hang(ranks)
+    if start:
+        waiting, never = start
+        lines.append("Start: not every rank joined torch.distributed (its rendezvous, init_process_group)")
+        if waiting:
+            lines.append(f"  waiting in the rendezvous: ranks {ranges(r.rank for r in waiting)}")
+        lines += [f"  never joined: {rank.where()}: {whereabouts(rank, found)}" for rank in never]
+        lines.append("")
+    lines.append("Collectives not completed by every member (torch's flight recorder, oldest first per group):")
+    for collective in found:
+        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}")
+        for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
+            lines.append(f"    in {op}: ranks {ranges(members)}")
+        for number in collective.outside():
+            rank = ranks[number]
+            lines.append(f"    not in it: {rank.where()}{rank.last_step()}: {whereabouts(rank, found)}")
+    if not found:
+        lines.append("  none")
+    lines += ["", f"Main threads, top {TOP_FRAMES} frames (most recent first):", *frames_by_rank(ranks), ""]
+    lines += ["torch's analysis:", *torch_analysis(ranks, run_dir / "hang" / "fr"), ""]
+    lines.append(
+        f"Records: {run_dir / 'hang'}/: stacks-rank-R.txt (every thread of rank R), fr/rank-R (flight recorder),"
+        " answer-rank-R.json"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def collect(args: argparse.Namespace) -> int:
+    run_dir: Path = args.run_dir
+    hang = run_dir / "hang"
+    hang.mkdir(parents=True, exist_ok=True)
+    registered = registered_ranks(hang)
+    ended = ended_ranks(run_dir, args.world_size)
+    before = stacks_sizes(hang, range(args.world_size))
+    forget_earlier_answers(hang)
+    failed = signal_step(args.step) if args.step else signal_local(registered)
+    if failed:
+        print(f"srun.sh: hang report: could not signal the ranks: {failed}", file=sys.stderr)
+    wait_for_answers(hang, set(registered) - set(ended), before)
+    host_of = [host for host in args.nodes.split(",") for _ in range(args.ranks_per_node)]
+    ranks = gather(run_dir, args.world_size, host_of, before, ended)
+    found = collectives(ranks, args.world_size)
+    path = run_dir / "hang-report.txt"
+    path.write_text(report_text(ranks, found, args.why, run_dir))
+    for line in summary(ranks, found, args.why, path):
+        print(line, file=sys.stderr)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--why", required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--nodes", required=True, help="the job's hosts, in rank order, comma-separated")
+    parser.add_argument("--ranks-per-node", type=int, required=True)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--step", help="JOB.STEP of the ranks (scancel --signal=USR2)")
+    target.add_argument("--local", action="store_true", help="signal the registered pids")
+    return collect(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

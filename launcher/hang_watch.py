@@ -1,0 +1,109 @@
+"""srun.sh's hang watch: while the ranks train, it reads rank 0's progress record (launcher/progress.py) and, when no
+training step has completed for too long, tells srun.sh (SIGUSR2 to its pid), which then collects the hang report
+(launcher/hang_report.py) before it stops the ranks.
+
+    python3 launcher/hang_watch.py RUN_DIR --timeout SECONDS|default --notify PID
+
+How long is too long: before the first step (start-up: imports, checkpoint loading, dataset indexes), 20 minutes;
+then HANG_TIMEOUT_S seconds, by default 10 times the longest time between two records so far (evaluation and logging
+steps included), at least 5 minutes. A HANG_TIMEOUT_S longer than 20 minutes applies to the start too (start-up
+legitimately takes longer than a step, hence nvidia-resiliency-ext's separate initial and subsequent heartbeat
+timeouts). A checkpoint save, and the time after training ended, do not count. It runs on the launching host with
+the standard library only, and ends when srun.sh, its parent, does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+START_LIMIT_S = 1200.0
+FLOOR_S = 300.0
+FACTOR = 10.0
+POLL_S = 1.0
+
+
+class StallClock:
+    """When the watch fires, from the progress records it observes (on this host's monotonic clock, so that clocks
+    of other hosts never matter)."""
+
+    def __init__(self, fixed_s: float | None, now: float) -> None:
+        self.fixed_s = fixed_s
+        self.started = now
+        self.last_change: float | None = None
+        self.last: dict | None = None
+        self.longest_gap = 0.0
+
+    def limit(self) -> float:
+        if self.last is None:
+            return max(START_LIMIT_S, self.fixed_s or 0.0)
+        if self.fixed_s is not None:
+            return self.fixed_s
+        return max(FLOOR_S, FACTOR * self.longest_gap)
+
+    def observe(self, record: dict | None, now: float) -> str | None:
+        """Why the ranks count as hung now, or None."""
+        if record is not None and record != self.last:
+            if self.last_change is not None and self.last is not None and self.last.get("phase") == "training":
+                self.longest_gap = max(self.longest_gap, now - self.last_change)
+            self.last, self.last_change = record, now
+        if self.last is not None and self.last.get("phase") in ("saving", "ended"):
+            return None
+        since = now - (self.last_change if self.last_change is not None else self.started)
+        if since <= self.limit():
+            return None
+        return self.explain(since)
+
+    def explain(self, since: float) -> str:
+        if self.last is None:
+            limit = f"the limit before the first step, {self.limit():g} s"
+        elif self.fixed_s is not None:
+            limit = f"HANG_TIMEOUT_S={self.fixed_s:g}"
+        else:
+            limit = (
+                f"the limit: {FACTOR:g} x the longest time between steps so far ({self.longest_gap:.0f} s),"
+                f" at least {FLOOR_S:g} s"
+            )
+        if self.last is None:
+            return f"no training step completed in the {since:.0f} s since the launch ({limit})"
+        return f"no training step completed for {since:.0f} s after step {self.last.get('step')} ({limit})"
+
+
+def read_progress(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # not written yet, or replaced while being read: the next poll sees it
+
+
+def watch(run_dir: Path, fixed_s: float | None, notify: int) -> int:
+    hang = run_dir / "hang"
+    parent = os.getppid()
+    clock = StallClock(fixed_s, time.monotonic())
+    while os.getppid() == parent:
+        why = clock.observe(read_progress(hang / "progress.json"), time.monotonic())
+        if why is not None:
+            hang.mkdir(parents=True, exist_ok=True)
+            (hang / "stalled.txt").write_text(why + "\n")
+            os.kill(notify, signal.SIGUSR2)
+            return 0
+        time.sleep(POLL_S)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--timeout", required=True, help="seconds, or 'default'")
+    parser.add_argument("--notify", type=int, required=True, help="pid to send SIGUSR2 to")
+    args = parser.parse_args()
+    fixed = None if args.timeout == "default" else float(args.timeout)
+    return watch(args.run_dir, fixed, args.notify)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Training progress as srun.sh's hang watch sees it: rank 0 records each completed step in RUN_DIR/hang/progress.json.
+
+One rank is enough: a stuck rank stops every other rank within a step, at its next collective. The record is
+rewritten (write, then rename) after every step:
+
+    {"step": 42, "phase": "training", "time": 1796117746.2}
+
+`phase` is "training" after a training or evaluation step, "saving" when a checkpoint save follows the step (a save
+may take minutes without a step; the watch waits for the next record instead), "ended" once training is over.
+Every rank also keeps its last step in memory (LAST_STEP), which its hang-report answer includes.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+PROGRESS_FILE = "progress.json"
+
+LAST_STEP: int | None = None
+
+
+class Registry(Protocol):
+    """What Megatron Bridge's CallbackManager offers: register(event, fn)."""
+
+    def register(self, event_name: str, fn: Any) -> None: ...
+
+
+class Recorder:
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.path = run_dir / "hang" / PROGRESS_FILE if rank == 0 else None
+
+    def record(self, step: int, phase: str = "training") -> None:
+        global LAST_STEP  # noqa: PLW0603  # the one value the hang-report answer reads
+        LAST_STEP = step
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{PROGRESS_FILE}.{os.getpid()}")
+        temporary.write_text(json.dumps({"step": step, "phase": phase, "time": time.time()}))
+        os.replace(temporary, self.path)
+
+
+def saving_after(checkpoint: Any, step: int) -> bool:
+    """Whether Megatron Bridge saves a checkpoint after completed step `step` (its regular and non-persistent
+    intervals, as checkpoint_and_decide_exit() tests them)."""
+    if not checkpoint.save:
+        return False
+    intervals = (checkpoint.save_interval, getattr(checkpoint, "non_persistent_save_interval", None))
+    return any(interval and step % interval == 0 for interval in intervals)
+
+
+def register(callbacks: Registry, run_dir: Path, rank: int) -> None:
+    """Record progress from Megatron Bridge's training callbacks. on_train_step_end fires before the loop counts the
+    step (train_state.step is the step's index), so the completed step is that index + 1."""
+    recorder = Recorder(run_dir, rank)
+
+    def step_end(context: Any) -> None:
+        step = context.state.train_state.step + 1
+        saving = saving_after(context.state.cfg.checkpoint, step)
+        recorder.record(step, "saving" if saving else "training")
+
+    def eval_step_end(context: Any) -> None:
+        recorder.record(context.state.train_state.step, "training")
+
+    def checkpoint_saved(context: Any) -> None:
+        recorder.record(context.state.train_state.step, "training")
+
+    def train_end(context: Any) -> None:
+        recorder.record(context.state.train_state.step, "ended")
+
+    callbacks.register("on_train_step_end", step_end)
+    callbacks.register("on_eval_step_end", eval_step_end)
+    callbacks.register("on_checkpoint_save", checkpoint_saved)
+    callbacks.register("on_train_end", train_end)

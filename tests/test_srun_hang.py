@@ -1,0 +1,143 @@
+"""srun.sh's hang report, on the two-node test SLURM and with --local: a stand-in training rank stuck in a collective
+or in Python is named in RUN_DIR/hang-report.txt, with its host, whether SIGTERM stops the launch or HANG_TIMEOUT_S
+does; a hang at start names the rank that never joined.
+
+The ranks are tests/fixtures/fake_python with FAKE_STEPS: each installs the real launcher/hang_dumps.py and records
+its steps with the real launcher/progress.py, so srun.sh's watch, its SIGUSR2 to every process of the step, the
+stacks (faulthandler), torch's flight recorder (gloo's) and the report are all the product's own. FAKE_STUCK picks
+the rank that sticks, and how: that is the stand-in's only part.
+"""
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from tests.srun_world import SrunWorld, wait_gone
+
+pytest_plugins = ["tests.srun_world"]
+
+TRAINING = {"GPUS_PER_NODE": "2", "FAKE_STEPS": "100000", "FAKE_STEP_S": "0.1"}
+
+
+def hang_report(world: SrunWorld) -> str:
+    (run_dir,) = world.run_dirs()
+    return (run_dir / "hang-report.txt").read_text()
+
+
+def summary(stderr: str) -> list[str]:
+    """srun.sh's three lines about the hang."""
+    lines = stderr.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("srun.sh: hang report ("))
+    return lines[first : first + 3]
+
+
+def wait_for_step(world: SrunWorld, step: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        progress = [path for run_dir in world.run_dirs() for path in [run_dir / "hang" / "progress.json"]]
+        if progress and progress[0].exists() and f'"step": {step},' in progress[0].read_text():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no step {step} within {timeout}s")
+
+
+def processes_of(run_dir: Path) -> list[int]:
+    """This host's processes that name the run directory: the hang watch, the report, a rank."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def stop(proc, pid_file: Path | None, sig: signal.Signals) -> str:
+    try:
+        os.kill(int(pid_file.read_text()) if pid_file else proc.pid, sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return stderr
+
+
+def test_sigterm_names_the_rank_stuck_in_another_collective_and_its_node(slurm_world: SrunWorld):
+    env = {**TRAINING, "FAKE_STUCK": "3:collective@3"}
+    proc, pid_file = slurm_world.start_in_allocation("--no-container", "recipe.py", env=env)
+    wait_for_step(slurm_world, 2)
+    time.sleep(1)  # rank 3 is in its all-reduce of ranks 2-3, the others in the step's all-reduce
+    stderr = stop(proc, pid_file, signal.SIGTERM)
+
+    assert proc.returncode == 143, stderr
+    first, second, third = summary(stderr)
+    assert first.startswith("srun.sh: hang report (srun.sh got SIGTERM): ranks 0-2 wait in gloo:all_reduce #")
+    assert first.endswith("of process group 0 (default_pg, ranks 0-3); 1 rank(s) not in it")
+    assert re.fullmatch(
+        r"srun.sh:   not in it: rank 3 on node2 \(pid \d+\): it waits in gloo:all_reduce #1 of .*", second
+    )
+    (run_dir,) = slurm_world.run_dirs()
+    assert third == f"srun.sh:   every rank's top frames and torch's analysis: {run_dir}/hang-report.txt"
+    report = hang_report(slurm_world)
+    assert "Ranks: 4 on 2 host(s); stacks from 4, answers from 4, flight recorder records from 4" in report
+    assert re.search(r"rank 3 on node2 \(pid \d+\), last step 2\n      all_reduce \(distributed_c10d\.py", report)
+    assert "stuck_in_collective (fake_python:" in report  # every rank answered: the report came before the stop
+
+
+def test_hang_timeout_names_the_rank_stuck_in_python_and_stops_the_job(slurm_world: SrunWorld):
+    env = {**TRAINING, "FAKE_STUCK": "3:python@3", "HANG_TIMEOUT_S": "3"}
+    started = time.monotonic()
+    result, _ = slurm_world.in_allocation("--no-container", "recipe.py", env=env)
+
+    assert result.returncode == 124, result.stderr
+    assert time.monotonic() - started < 60
+    first, second, _ = summary(result.stderr)
+    assert first.startswith(
+        "srun.sh: hang report (no training step completed for 3 s after step 2 (HANG_TIMEOUT_S=3)): ranks 0-2 wait"
+    )
+    assert re.fullmatch(
+        r"srun.sh:   not in it: rank 3 on node2 \(pid \d+\): at stuck_in_python \(fake_python:\d+\)", second
+    )
+    assert "not in it: rank 3 on node2" in hang_report(slurm_world)
+    assert "failed first" not in result.stderr  # the hang report said it all
+
+
+def test_sigterm_at_start_names_the_rank_that_never_joined(srun_world: SrunWorld):
+    env = {**TRAINING, "FAKE_STUCK": "1:start"}
+    proc = srun_world.start("--local", "recipe.py", env=env)
+    deadline = time.monotonic() + 60
+    while len(list(srun_world.dir.glob("outputs/recipe/*/hang/rank-*.json"))) < 2:
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.1)
+    time.sleep(1)  # rank 0 waits in the rendezvous for rank 1
+    records = srun_world.records()
+    stderr = stop(proc, None, signal.SIGTERM)
+
+    assert proc.returncode == 143, stderr
+    first, second, _ = summary(stderr)
+    host = os.uname().nodename
+    assert first == (
+        "srun.sh: hang report (srun.sh got SIGTERM): hang at start: 1 rank(s) never joined torch.distributed;"
+        " rank 0 waits for them in the rendezvous"
+    )
+    assert re.fullmatch(rf"srun.sh:   never joined: rank 1 on {host} \(pid \d+\): at stuck_in_python .*", second)
+    assert "Start: not every rank joined torch.distributed" in hang_report(srun_world)
+    assert wait_gone([record["pid"] for record in records.values()], timeout=10)
+    assert wait_gone(processes_of(srun_world.run_dirs()[0]), timeout=10)
+
+
+def test_hang_timeout_with_local_names_the_rank_stuck_in_another_collective(srun_world: SrunWorld):
+    env = {**TRAINING, "GPUS_PER_NODE": "3", "FAKE_STUCK": "2:collective@3", "HANG_TIMEOUT_S": "3"}
+    result = srun_world.srun_sh("--local", "recipe.py", env=env, timeout=120)
+
+    assert result.returncode == 124, result.stderr
+    first, second, _ = summary(result.stderr)
+    assert " ranks 0-1 wait in gloo:all_reduce #" in first and first.endswith("; 1 rank(s) not in it")
+    assert second.startswith(f"srun.sh:   not in it: rank 2 on {os.uname().nodename} (pid ")
+    assert "it waits in gloo:all_reduce #1" in second
+    assert all(wait_gone([record["pid"]], timeout=10) for record in srun_world.records().values())
+    assert wait_gone(processes_of(srun_world.run_dirs()[0]), timeout=10)
