@@ -4,6 +4,7 @@ its tokenizer and prepared dataset."""
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +28,30 @@ def environment_restored():
     yield
     os.environ.clear()
     os.environ.update(before)
+
+
+def inherited_signal_state() -> tuple[frozenset[int], frozenset[int]]:
+    """What every child of this process inherits through exec: its blocked signals and the ignored ones."""
+    ignored = frozenset(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)
+                        and signal.getsignal(s) == signal.SIG_IGN)  # fmt: skip
+    return frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, [])), ignored
+
+
+@pytest.fixture(autouse=True)
+def signals_inherited_unchanged():
+    """A test that leaves a signal blocked or ignored in this process (an in-process entrypoint.train installs the
+    hang report's SIGUSR2 handling, which blocks SIGUSR2) would hand it to every launch a later test starts, whose
+    srun.sh could then never be told of a hang. Such a test fails here, and the state is put back."""
+    blocked, ignored = inherited_signal_state()
+    yield
+    now_blocked, now_ignored = inherited_signal_state()
+    if (now_blocked, now_ignored) == (blocked, ignored):
+        return
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    for signum in now_ignored - ignored:
+        signal.signal(signum, signal.SIG_DFL)
+    changed = sorted(signal.Signals(s).name for s in (now_blocked ^ blocked) | (now_ignored ^ ignored))
+    pytest.fail(f"the test left signals blocked or ignored for every process it starts: {changed}", pytrace=False)
 
 
 @pytest.fixture

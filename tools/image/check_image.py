@@ -85,14 +85,23 @@ def check_nccl(expected: str) -> str:
     installed = metadata.version(NCCL_WHEEL)
     if installed != expected:
         raise ImageCheckError(f"{NCCL_WHEEL} {installed} is installed, not the pinned {expected}")
-    loaded = ".".join(map(str, torch.cuda.nccl.version()))
-    if loaded != expected:
-        raise ImageCheckError(f"torch runs NCCL {loaded}, not the pinned {NCCL_WHEEL} {expected}")
+    torch.cuda.nccl.version()  # makes sure torch's NCCL is loaded
     wheel = wheel_file(NCCL_WHEEL, "libnccl.so.2")
     mapped = mapped_libraries(r"libnccl\.so(\.\d+)*")
     if mapped != {wheel}:
         raise ImageCheckError(f"this process maps NCCL from {sorted(mapped)}, not only the wheel's {wheel}")
+    loaded = runtime_version(wheel)
+    if loaded != expected:
+        raise ImageCheckError(f"torch runs NCCL {loaded}, not the pinned {NCCL_WHEEL} {expected}")
     return loaded
+
+
+def runtime_version(library: str) -> str:
+    """The version the loaded NCCL reports (ncclGetVersion); torch.cuda.nccl.version() is the one torch was built
+    with, which --no-deps lets differ (torch 2.11.0 was built with 2.28.9)."""
+    code = ctypes.c_int()
+    ctypes.CDLL(library).ncclGetVersion(ctypes.byref(code))
+    return f"{code.value // 10000}.{code.value // 100 % 100}.{code.value % 100}"
 
 
 def check_loader_nccl() -> None:
