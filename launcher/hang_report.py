@@ -1,7 +1,8 @@
 """srun.sh's hang report: before any rank is stopped, ask every rank for its Python stacks and torch's flight
 recorder (SIGUSR2, answered by launcher/hang_dumps.py), then write RUN_DIR/hang-report.txt: which ranks are not in
 the collective that the others wait in, on which host, and the top frames of every rank; a hang at start (ranks
-that never joined torch.distributed) is named as such. The console gets three lines.
+that never joined torch.distributed) and a rank stuck in torch.distributed's teardown after an error are named as
+such. The console gets three lines.
 
     python3 launcher/hang_report.py RUN_DIR --why TEXT --world-size N --nodes HOST,... --ranks-per-node G
                                     (--step JOB.STEP | --local)
@@ -34,6 +35,8 @@ TOP_FRAMES = 6
 FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 THREAD = re.compile(r"^(?:Current thread|Thread) 0x(?P<ident>[0-9a-f]+) \(most recent call first\):$")
 RENDEZVOUS_FUNCTIONS = ("init_process_group", "rendezvous", "_store_based_barrier", "_create_c10d_store")
+# Where a rank is once training has failed: Megatron Bridge aborts the process groups, which may never return.
+TEARDOWN_FUNCTIONS = ("destroy_process_group", "_abort_process_group")
 
 
 @dataclasses.dataclass
@@ -349,11 +352,21 @@ def in_rendezvous(rank: Rank) -> bool:
     return any(name in frame for frame in rank.frames for name in RENDEZVOUS_FUNCTIONS)
 
 
+def in_teardown(rank: Rank) -> bool:
+    """Stuck taking torch.distributed down; it is no longer initialized there, but it had joined."""
+    return any(name in frame for frame in rank.frames[:TOP_FRAMES] for name in TEARDOWN_FUNCTIONS)
+
+
+def joined(rank: Rank) -> bool:
+    answer = rank.answer or {}
+    return bool(answer.get("distributed") or answer.get("last_step")) or in_teardown(rank)
+
+
 def start_hang(ranks: dict[int, Rank]) -> tuple[list[Rank], list[Rank]] | None:
     """(waiting in the rendezvous, never joined) when some rank had not joined torch.distributed, else None."""
     waiting, never = [], []
     for rank in ranks.values():
-        if (rank.answer and rank.answer.get("distributed")) or rank.ended:
+        if joined(rank) or rank.ended:
             continue
         if in_rendezvous(rank):
             waiting.append(rank)
@@ -373,6 +386,8 @@ def whereabouts(rank: Rank, found: list[Collective]) -> str:
         for op, members in collective.ops.items():
             if rank.rank in members:
                 return f"it waits in {op} #{collective.seq} of process group {collective.group}"
+    if in_teardown(rank):
+        return f"training ended with an error (its log has it) and it hangs in the teardown, at {position(rank.frames)}"
     if rank.frames:
         return f"at {position(rank.frames)}"
     if rank.registered is None:
@@ -421,6 +436,14 @@ def summary(ranks: dict[int, Rank], found: list[Collective], why: str, report: P
             "scheduled": "no member's GPU started it: the work queued before it is stuck on every member",
         }.get(first.gpu_states, f"suspect the network between {hosts}, or stuck GPUs (see the top frames)")
         lines = [f"{head} every member of {first.name()} is in it, and none completed it", f"srun.sh:   {suspect}"]
+    elif tearing := [rank for rank in ranks.values() if in_teardown(rank)]:
+        steps = sorted({r.answer["last_step"] for r in tearing if r.answer and r.answer.get("last_step")})
+        after = f" after step {steps[-1]}" if steps else ""
+        lines = [
+            f"{head} {ranks_phrase((r.rank for r in tearing), 'hang')} in torch.distributed's teardown{after}:"
+            " its log has the error that ended training",
+            f"srun.sh:   {tearing[0].where()}: at {position(tearing[0].frames)}",
+        ]
     else:
         steps = sorted({r.answer["last_step"] for r in ranks.values() if r.answer and r.answer.get("last_step")})
         answered = sum(1 for r in ranks.values() if r.answer or r.frames)

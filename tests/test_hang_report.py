@@ -188,3 +188,26 @@ def test_other_ranks_keep_their_step_in_memory_only(tmp_path: Path):
     callbacks.fire("on_train_step_end", context(6))
 
     assert progress.LAST_STEP == 7 and not (tmp_path / "hang").exists()
+
+
+def test_rank_stuck_tearing_down_after_an_error_is_not_a_hang_at_start():
+    """Seen on the H200 (bench/results/per-step-ab.md): TE CUDA graphs under Megatron FSDP raised at capture after
+    step 3, Megatron Bridge's failure clean-up aborted the process groups and never returned; by then the rank's
+    torch.distributed was no longer initialized, which the report took for a rank that never joined."""
+    frames = [
+        "_abort_process_group (/site/torch/distributed/distributed_c10d.py:2101)",
+        "_maybe_destroy_process_group (/site/megatron/bridge/training/pretrain.py:282)",
+        "_cleanup_after_pretrain_failure (/site/megatron/bridge/training/pretrain.py:260)",
+    ]
+    stuck = Rank(0, "node1", registered={"pid": 100}, answer={"distributed": False, "last_step": 3}, frames=frames)
+    ranks = {0: stuck}
+
+    first, second, _ = hang_report.summary(ranks, [], "no step for 300 s", Path("/r/hang-report.txt"))
+
+    assert hang_report.start_hang(ranks) is None
+    assert "rank 0 hangs in torch.distributed's teardown after step 3" in first
+    assert "its log has the error that ended training" in first
+    assert (
+        second == "srun.sh:   rank 0 on node1 (pid 100): at _abort_process_group (distributed_c10d.py:2101) from "
+        "_maybe_destroy_process_group (pretrain.py:282)"
+    )
