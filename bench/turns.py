@@ -162,10 +162,10 @@ class Turns:
             if live.ended and not self.warmed_up(live):
                 self.fail(name, f"ended after {live.last_step} of its {live.arm.warmup_steps} warm-up steps")
             elif not self.warmed_up(live):
-                self.fail(
-                    name,
-                    f"logged {live.last_step} of {live.arm.warmup_steps} warm-up steps in {self.warmup_timeout_s:g} s",
+                limit = (
+                    "by the plan's deadline" if time.monotonic() >= self.deadline else f"in {self.warmup_timeout_s:g} s"
                 )
+                self.fail(name, f"logged {live.last_step} of {live.arm.warmup_steps} warm-up steps {limit}")
 
     def prestart(self, upcoming: Block | None) -> None:
         """Start the next block's new arms now; pump() pauses each once its config is built."""
@@ -207,7 +207,9 @@ class Turns:
             self.fail(name, f"logged no step for {self.stall_s:g} s in its turn")
 
     def wait(self, done: Callable[[], bool], warming: list[str]) -> None:
-        deadline = time.monotonic() + self.warmup_timeout_s
+        """Until done() or the warm-up limit, and never past the plan's deadline: an arm that fails without exiting
+        (a rank hung in its teardown) would otherwise hold the plan past its budget, and its report with it."""
+        deadline = min(time.monotonic() + self.warmup_timeout_s, self.deadline)
         while not done() and time.monotonic() < deadline:
             self.pump(warming=warming)
 

@@ -139,6 +139,24 @@ def test_a_plan_where_an_arm_comes_back_is_refused():
         turns.check_plan({"A": arm}, [turns.Block(("A", "Z"), 1)])
 
 
+def test_an_arm_that_does_not_warm_up_fails_at_the_plans_deadline_not_the_warm_up_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """On the H200 an arm whose rank hung in its teardown after an error held its block in the warm-up wait (600 s)
+    past the plan's budget, and the plan was killed before it wrote its report."""
+    monkeypatch.setitem(turns.JOIN_S, "cold", 0.0)  # the time estimate would skip a block this short
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    slow = turns.Arm("S", (sys.executable, str(script), "launcher", "4", "0"), {}, tokens_per_step=1000, gpus=1)
+    runner = turns.Turns(
+        {"S": slow}, [turns.Block(("S",), 1)], turn_steps=1, settle=0, runs_dir=tmp_path / "runs",
+        deadline=time.monotonic() + 2, warmup_timeout_s=600,
+    )  # fmt: skip
+    record = runner.run()
+
+    assert record["arms"]["S"]["failure"]["why"] == "logged 0 of 2 warm-up steps by the plan's deadline"
+
+
 def state(pid: int) -> str | None:
     fields = launches.stat_fields(Path(f"/proc/{pid}/stat"))
     return fields[0] if fields else None
