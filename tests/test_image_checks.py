@@ -49,6 +49,26 @@ def test_nccl_pin_is_read_from_versions_txt():
     assert result.stdout.strip() == "2.31.2", result.stderr
 
 
+def test_cudnn_check_passes_for_the_wheel_torch_and_transformer_engine_load():
+    pinned = "c.pinned_version(c.Path(sys.argv[1]), 'python', 'nvidia-cudnn-cu13')"
+    result = run_check(f"sys.argv[1:] = [{str(REPO / 'versions.txt')!r}]; print(c.check_cudnn({pinned}))")
+    assert result.returncode == 0, result.stderr
+    assert metadata.version("nvidia-cudnn-cu13").startswith(result.stdout.strip() + ".")
+
+
+def test_cudnn_check_names_a_second_cudnn_that_transformer_engine_prefers(tmp_path: Path):
+    """Transformer Engine takes CUDNN_PATH (then CUDA_HOME, the loader's path) before the wheel."""
+    wheel = Path(metadata.distribution("nvidia-cudnn-cu13").locate_file("nvidia/cudnn/lib/libcudnn.so.9"))
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libcudnn.so.9").write_bytes(wheel.read_bytes())
+    installed = metadata.version("nvidia-cudnn-cu13")
+
+    result = run_check(f"c.check_cudnn({installed!r})", CUDNN_PATH=str(tmp_path))
+
+    assert result.returncode != 0
+    assert f"ImageCheckError: this process maps cuDNN from ['{tmp_path}/lib/libcudnn.so.9']" in result.stderr
+
+
 def test_check_image_usage_error_exits_2():
     result = subprocess.run([sys.executable, str(CHECK_IMAGE)], capture_output=True, text=True, check=False)
     assert (result.returncode, result.stderr.strip()) == (2, "usage: check_image.py VERSIONS_TXT")

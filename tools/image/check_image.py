@@ -11,6 +11,8 @@ is wrong.
   src/plugin/gin/gin_v13.cc), and was compiled with GDRCopy, whose library (2.5 or newer, aws-ofi-nccl's GIN
   requirement) the loader finds.
 - The Python stack imports, DeepEP included; their versions are printed.
+- cuDNN: torch and Transformer Engine run the nvidia-cudnn-cu13 wheel at its [python] pin, every library of it, and
+  no other cuDNN is mapped.
 - megatron-core's flex dispatcher can use DeepEP (its fused_a2a imports DeepEP V1's API), and DeepEP was built with
   its NCCL (GIN) backend: its extension links libnccl.so.2, which it does only when built with NCCL_DIR.
 
@@ -27,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 
 NCCL_WHEEL = "nvidia-nccl-cu13"
+CUDNN_WHEEL = "nvidia-cudnn-cu13"
 NET_PLUGIN = "libnccl-net.so"
 GIN_TABLE = "ncclGinPlugin_v13"
 # aws-ofi-nccl's src/nccl_ofi_gdrcopy.cpp: the first string exists only when GDRCopy was found at configure time, the
@@ -102,6 +105,28 @@ def runtime_version(library: str) -> str:
     code = ctypes.c_int()
     ctypes.CDLL(library).ncclGetVersion(ctypes.byref(code))
     return f"{code.value // 10000}.{code.value // 100 % 100}.{code.value % 100}"
+
+
+def check_cudnn(expected: str) -> str:
+    """torch and Transformer Engine run the pinned cuDNN wheel and map no other cuDNN; returns its version.
+
+    Transformer Engine looks in CUDNN_PATH, CUDA_HOME and the loader's path before the wheel, and once one copy's
+    sub-libraries are loaded every libcudnn.so.9 of the process uses them: the GPU machine of our benchmarks ran
+    attention on its system cuDNN 9.14 beneath torch's 9.19 that way, which torch.backends.cudnn then refuses."""
+    import torch
+    import transformer_engine.pytorch  # noqa: F401  (loads its cuDNN)
+
+    installed = metadata.version(CUDNN_WHEEL)
+    if installed != expected:
+        raise ImageCheckError(f"{CUDNN_WHEEL} {installed} is installed, not the pinned {expected}")
+    folder = Path(wheel_file(CUDNN_WHEEL, "libcudnn.so.9")).parent
+    stray = sorted(path for path in mapped_libraries(r"libcudnn.*\.so(\.\d+)*") if Path(path).parent != folder)
+    if stray:
+        raise ImageCheckError(f"this process maps cuDNN from {stray}, not only from the {CUDNN_WHEEL} wheel's {folder}")
+    runtime = ".".join(str(part) for part in torch._C._cudnn.getRuntimeVersion())
+    if not expected.startswith(f"{runtime}."):
+        raise ImageCheckError(f"torch runs cuDNN {runtime}, not the pinned {CUDNN_WHEEL} {expected}")
+    return runtime
 
 
 def check_loader_nccl() -> None:
@@ -180,6 +205,7 @@ def main(argv: list[str]) -> int:
         plugin = check_net_plugin()
         gdrcopy = check_gdrcopy()
         check_stack()
+        cudnn = check_cudnn(pinned_version(Path(argv[0]), "python", CUDNN_WHEEL))
         check_deepep()
         check_nccl(nccl)  # DeepEP and TE loaded no second NCCL
     except ImageCheckError as error:
@@ -188,6 +214,7 @@ def main(argv: list[str]) -> int:
     for distribution in DISTRIBUTIONS:
         print(f"{distribution}=={metadata.version(distribution)}")
     print(f"NCCL {nccl} from the {NCCL_WHEEL} wheel; NET plugin {plugin} (GIN, GDRCopy {gdrcopy[0]}.{gdrcopy[1]})")
+    print(f"cuDNN {cudnn} from the {CUDNN_WHEEL} wheel")
     return 0
 
 
