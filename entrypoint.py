@@ -73,7 +73,7 @@ try:
         from megatron.bridge.training.pretrain import pretrain
 
         import viztracer_plugin
-        from launcher import checks, data, hang_dumps, nsys, outputs, overrides, precision, progress
+        from launcher import checks, data, failure_exit, hang_dumps, nsys, outputs, overrides, precision, progress
         from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 except ImportError as error:
     report(missing_stack(error))
@@ -170,6 +170,7 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
     hang_dumps.install(run_dir, rank)  # answers srun.sh's hang report: stacks and flight recorder
+    failure_exit.install()  # the rank exits even when Megatron Bridge's clean-up after an error hangs
     callbacks = CallbackManager()
     progress.register(callbacks, run_dir, rank)  # the step record srun.sh's hang watch reads
     pretrain(cfg, forward_step_func=forward_step, callbacks=callbacks)

@@ -1,0 +1,66 @@
+"""launcher/failure_exit.py with Megatron Bridge's own pretrain(): training raises, and its clean-up after the error
+never returns (as the abort of the process groups did on the H200); the rank still exits, with the error and one line
+that says why it exits, in a second or so rather than at srun.sh's hang watch."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+from tests.conftest import REPO
+
+# The real _pretrain() on the tiny recipe's config, with setup() failing (it stands for any error in training) and the
+# clean-up replaced by one that blocks, as the hung abort did.
+RANK = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    import entrypoint
+    from megatron.bridge.training import pretrain
+    from megatron.bridge.training.state import GlobalState
+    from launcher import failure_exit
+
+    def failing_setup(*args, **kwargs):
+        raise RuntimeError("Modules must not have hooks registered at the time they are passed")
+
+    pretrain.setup = failing_setup
+    pretrain._cleanup_after_pretrain_failure = lambda state, destroy: time.sleep(600)
+    {install}
+    state = GlobalState()
+    state.cfg = entrypoint.load_recipe(entrypoint.Path({recipe!r})).configure()
+    pretrain._pretrain(state, forward_step_func=None)
+    """
+)
+
+
+def run_rank(tmp_path, install: str, timeout_s: float) -> tuple[subprocess.CompletedProcess | None, float]:
+    script = tmp_path / "rank.py"
+    script.write_text(
+        RANK.format(repo=str(REPO), recipe=str(REPO / "recipes" / "tiny_gpt_pretrain.py"), install=install)
+    )
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None, time.monotonic() - started
+    return done, time.monotonic() - started
+
+
+def test_a_rank_whose_clean_up_after_an_error_hangs_exits_after_the_grace_time(tmp_path):
+    done, _ = run_rank(tmp_path, "failure_exit.install(grace_s=1)", timeout_s=120)
+
+    assert done is not None, "the rank did not exit"
+    assert done.returncode == 1
+    assert "Pretrain failed on rank=" in done.stderr and "Modules must not have hooks registered" in done.stderr
+    assert done.stderr.rstrip().endswith(
+        "entrypoint.py: Megatron Bridge's clean-up after the error above did not return in 1 s: the rank exits 1"
+    )
+
+
+def test_without_it_the_rank_stays(tmp_path):
+    """The condition the module is for: Megatron Bridge's pretrain() does not return while its clean-up hangs."""
+    done, waited = run_rank(tmp_path, "", timeout_s=20)
+
+    assert done is None and waited >= 20
