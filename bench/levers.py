@@ -138,6 +138,8 @@ class Plan:
 # estimate measured at 32 layers on 2 GPUs), so a lever arm and the reference fit side by side with room for a CUDA
 # graph pool; at 6 layers the pair would leave under 20 GB. A single process fits up to about 16 layers (110 GB):
 # "llama8b-solo" measures the shipped recipe there alone, for the absolute figures.
+# The lever plans' shape: two 4-layer arms side by side on one H200 (above), 6 rounds of 3 counted steps.
+BESIDE_A_REFERENCE = {"layers": 4, "sequences_per_gpu": 8, "rounds": 6, "turn_steps": 3}
 PLANS = {
     "tiny": Plan(
         TINY, (("ours", "upstream", "seed"),), None, None, rounds=10, turn_steps=8, note="ours against upstream"
@@ -145,10 +147,7 @@ PLANS = {
     "llama8b-ab": Plan(
         LLAMA_FP8,
         (("ours", "upstream"), ("ours", "seed"), ("ours", "no_checks"), ("no_checks", "graphs_full")),
-        layers=4,
-        sequences_per_gpu=8,
-        rounds=6,
-        turn_steps=3,
+        **BESIDE_A_REFERENCE,
         note="ours against upstream, the run-to-run noise, NaN checks, full-iteration graphs",
     ),
     "llama8b-levers": Plan(
@@ -160,28 +159,19 @@ PLANS = {
             ("ours", "cudnn_norms"),
             ("ours", "graphs_te"),
         ),
-        layers=4,
-        sequences_per_gpu=8,
-        rounds=6,
-        turn_steps=3,
+        **BESIDE_A_REFERENCE,
         note="more micro-batches per step, BF16, the allocator, cuDNN norms, TE graphs",
     ),
     "llama8b-cudnn": Plan(
         LLAMA_FP8,
         (("cudnn_9_19", "cudnn_9_27", "ours"), ("ours", "seed")),
-        layers=4,
-        sequences_per_gpu=8,
-        rounds=6,
-        turn_steps=3,
+        **BESIDE_A_REFERENCE,
         note="cuDNN 9.27 and the device's 9.14 against torch's 9.19; the run-to-run noise",
     ),
     "llama8b-graphs": Plan(
         LLAMA_FP8,
         (("ours", "graphs_te"), ("ddp", "ddp_graphs_te")),
-        layers=4,
-        sequences_per_gpu=8,
-        rounds=6,
-        turn_steps=3,
+        **BESIDE_A_REFERENCE,
         note="TE graphs of attention and MLP with Megatron FSDP, and with DDP",
     ),
     "llama8b-solo": Plan(

@@ -395,6 +395,11 @@ def whereabouts(rank: Rank, found: list[Collective]) -> str:
     return "no answer"
 
 
+def last_steps(ranks: Iterable[Rank]) -> list[int]:
+    """The distinct last steps the ranks answered with, in order."""
+    return sorted({r.answer["last_step"] for r in ranks if r.answer and r.answer.get("last_step")})
+
+
 def ranks_phrase(ranks: Iterable[int], verb: str = "") -> str:
     """'rank 3 waits', or 'ranks 0-2,5 wait' (with verb "wait")."""
     ranks = sorted(ranks)
@@ -437,7 +442,7 @@ def summary(ranks: dict[int, Rank], found: list[Collective], why: str, report: P
         }.get(first.gpu_states, f"suspect the network between {hosts}, or stuck GPUs (see the top frames)")
         lines = [f"{head} every member of {first.name()} is in it, and none completed it", f"srun.sh:   {suspect}"]
     elif tearing := [rank for rank in ranks.values() if in_teardown(rank)]:
-        steps = sorted({r.answer["last_step"] for r in tearing if r.answer and r.answer.get("last_step")})
+        steps = last_steps(tearing)
         after = f" after step {steps[-1]}" if steps else ""
         lines = [
             f"{head} {ranks_phrase((r.rank for r in tearing), 'hang')} in torch.distributed's teardown{after}:"
@@ -445,7 +450,7 @@ def summary(ranks: dict[int, Rank], found: list[Collective], why: str, report: P
             f"srun.sh:   {tearing[0].where()}: at {position(tearing[0].frames)}",
         ]
     else:
-        steps = sorted({r.answer["last_step"] for r in ranks.values() if r.answer and r.answer.get("last_step")})
+        steps = last_steps(ranks.values())
         answered = sum(1 for r in ranks.values() if r.answer or r.frames)
         at = f", at step {steps[0]}" if len(steps) == 1 else f", at steps {steps[0]}-{steps[-1]}" if steps else ""
         first = next((r for r in ranks.values() if r.frames), None)

@@ -81,13 +81,17 @@ def wheel_file(distribution: str, name: str) -> str:
     return str(Path(str(files[0].locate())).resolve())
 
 
+def check_installed(distribution: str, expected: str) -> None:
+    installed = metadata.version(distribution)
+    if installed != expected:
+        raise ImageCheckError(f"{distribution} {installed} is installed, not the pinned {expected}")
+
+
 def check_nccl(expected: str) -> str:
     """torch runs the pinned wheel's NCCL and no other NCCL is mapped; returns its version."""
     import torch
 
-    installed = metadata.version(NCCL_WHEEL)
-    if installed != expected:
-        raise ImageCheckError(f"{NCCL_WHEEL} {installed} is installed, not the pinned {expected}")
+    check_installed(NCCL_WHEEL, expected)
     torch.cuda.nccl.version()  # makes sure torch's NCCL is loaded
     wheel = wheel_file(NCCL_WHEEL, "libnccl.so.2")
     mapped = mapped_libraries(r"libnccl\.so(\.\d+)*")
@@ -116,9 +120,7 @@ def check_cudnn(expected: str) -> str:
     import torch
     import transformer_engine.pytorch  # noqa: F401  (loads its cuDNN)
 
-    installed = metadata.version(CUDNN_WHEEL)
-    if installed != expected:
-        raise ImageCheckError(f"{CUDNN_WHEEL} {installed} is installed, not the pinned {expected}")
+    check_installed(CUDNN_WHEEL, expected)
     folder = Path(wheel_file(CUDNN_WHEEL, "libcudnn.so.9")).parent
     stray = sorted(path for path in mapped_libraries(r"libcudnn.*\.so(\.\d+)*") if Path(path).parent != folder)
     if stray:
