@@ -7,7 +7,7 @@ undoes is inert), and the FLOPs per token by three formulas:
 - 6N: six FLOPs per parameter per token, every parameter (Megatron Bridge's own count) counted;
 - 6N + attention: 6N plus the same attention term.
 
-    python3 bench/arm_check.py RECORD.json OUT.json     # RECORD: bench_turns.py's record of arms
+    python3 -m bench.arm_check RECORD.json OUT.json     # RECORD: bench_turns.py's record of arms
 """
 
 import copy
@@ -18,8 +18,6 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 from enum import Enum
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # entrypoint, launcher, recipes
 
 from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
 from megatron.bridge.training.utils.theoretical_memory_utils import estimate_training_memory

@@ -2,24 +2,22 @@
 --local) and the upstream launch (B: torchrun + bench/upstream_pretrain.py) on the same recipe and overrides, and where
 those seconds go. Goal (issue 17): A's time to the first step within 1.03x of B's.
 
-    python3 bench/bench_startup.py PREFIX [--case tiny|llama8b-shape] [--gpus 1] [--rounds 2] [--warmup 1]
+    python3 -m bench.bench_startup --out DIR [--case tiny|llama8b-shape] [--gpus 1] [--rounds 2] [--warmup 1]
+        [--timeout S] [--runs-dir DIR]
 
 Every console line is timed as it arrives (seconds since the launch command started). The breakdown comes from lines
 both launches print: the line each entry point prints once its config is built (entrypoint.py's "outputs in",
 upstream_pretrain.py's "config built"; upstream_pretrain.py also prints "imported" after its imports, which
 entrypoint.py has no line for), then Megatron Bridge's own progress lines, then its first iteration line. Rounds run
 A B, then B A, and so on; --warmup runs that many uncounted pairs first, since each launcher keeps kernel caches of
-its own (srun.sh gives every rank its own Triton cache in /tmp). Prints a table; writes PREFIX.md and PREFIX.json
-after every launch.
+its own (srun.sh gives every rank its own Triton cache in /tmp). Prints a table; writes DIR/startup-CASE.md and
+DIR/startup-CASE.json after every launch.
 """
 
 import argparse
 import re
 import statistics
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.*, as the GPU suite imports them
 
 from bench import launches, megatron_log, report
 
@@ -115,22 +113,26 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("prefix", type=Path)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m bench.bench_startup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="where the report goes: DIR/startup-CASE.{md,json}")
     parser.add_argument("--case", choices=("tiny", "llama8b-shape"), default="tiny")
     parser.add_argument("--gpus", type=int, choices=(1, 2), default=1, help="GPUs (ranks) per launch (default: 1)")
     parser.add_argument("--layers", type=int, help="llama8b-shape: layers (default: 4 on one GPU, else all 32)")
     parser.add_argument("--rounds", type=int, default=2, help="A B, then B A, ... (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="uncounted A B pairs first (default: 1)")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds one launch may run (default: 300)")
-    parser.add_argument("--runs-dir", type=Path, help="where the launches run (default: PREFIX-runs)")
-    args = parser.parse_args()
+    parser.add_argument("--timeout", type=float, help="seconds one launch may run (default: no limit)")
+    parser.add_argument("--runs-dir", type=Path, help="where the launches run (default: DIR/startup-CASE-runs)")
+    args = parser.parse_args(argv)
     launches.stop_on_sigterm()
     recipe, overrides = case_command(args.case, args.gpus, args.layers)
     commands = {"A": launches.ours(recipe, *overrides), "B": launches.upstream(recipe, *overrides, gpus=args.gpus)}
     result = {**launches.result_header(args.case, args.gpus, commands), "goal": 1.03, "runs": []}
-    runs_dir = args.runs_dir or args.prefix.parent / f"{args.prefix.name}-runs"
+    args.out.mkdir(parents=True, exist_ok=True)
+    prefix = args.out / f"startup-{args.case}"
+    runs_dir = args.runs_dir or args.out / f"startup-{args.case}-runs"
     order = [(None, launch) for _ in range(args.warmup) for launch in "AB"] + launches.ab_rounds(args.rounds)
     launches.fix_dataset_helpers()
     for index, (round_index, launch) in enumerate(order):
@@ -142,7 +144,7 @@ def main() -> None:
         result["first_step_a_over_b"] = launches.per_round(result["runs"], "first_step_s")
         result["breakdown"] = breakdown(result["runs"])
         print({k: v for k, v in result["runs"][-1].items() if k != "phases"}, flush=True)
-        table = report.write(args.prefix, result, markdown)
+        table = report.write(prefix, result, markdown)
     print(table)
 
 

@@ -1,27 +1,26 @@
 """Per-step A/B that holds on a drifting machine: the arms of a plan take turns on the same GPUs, a few steps each,
 round after round (bench/turns.py), and every ratio comes with its spread over the rounds and the machine's drift over
-the call (bench/per_step.py). Cases and plans: bench/levers.py.
+the call (bench/per_step.py). Cases and plans: bench/levers.py. From the checkout, on a GPU host with the stack:
 
-    python3 bench/bench_turns.py PREFIX --plan tiny|llama8b-ab|llama8b-levers|llama8b-solo|llama8b-2gpu
-        [--gpus 1] [--layers N] [--rounds N] [--turn-steps N] [--settle N] [--budget-s S] [--runs-dir DIR] [--dry-run]
-    python3 bench/bench_turns.py PREFIX --report [--runs-dir DIR]    # the report again from PREFIX.json and DIR
+    python3 -m bench.bench_turns --plan PLAN --out DIR [--gpus 1] [--layers N] [--rounds N] [--turn-steps N]
+        [--settle N] [--budget-s S] [--runs-dir DIR] [--dry-run | --report]
 
 --dry-run prints the arms and blocks and checks every arm's config as entrypoint.py --check does (the real Megatron
 Bridge classes), with the overrides Megatron Bridge undoes and the FLOPs per token by each formula; nothing starts.
-A real run checks the same in a second process while the first arms start, runs the plan until --budget-s is spent
-(no block starts that would not fit), stops every arm, and writes PREFIX.json (the record and the analysis) and
-PREFIX.md (the tables); the arms run in --runs-dir (default PREFIX-runs), one directory each.
+A real run checks the same in a second process while the first arms start, runs the plan (with --budget-s, no block
+or round starts past it; without it, no limit), stops every arm, and writes DIR/turns-PLAN.json (the record and the
+analysis) and DIR/turns-PLAN.md (the tables); the arms run in --runs-dir (default DIR/turns-PLAN-runs). --report
+writes the report again from DIR/turns-PLAN.json and the runs.
 """
 
 import argparse
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.*, as the GPU suite imports them
 
 from bench import launches, levers, per_step, report, turns
 
@@ -30,25 +29,26 @@ SETTLE = 1
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench_turns.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python3 -m bench.bench_turns", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("prefix", type=Path)
+    parser.add_argument("--out", type=Path, required=True, help="where the report goes: DIR/turns-PLAN.{md,json}")
     parser.add_argument("--plan", choices=sorted(levers.PLANS), default="tiny")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) of every arm (default: 1)")
     parser.add_argument("--layers", type=int, help="model.num_layers of a Llama plan (default: the plan's)")
     parser.add_argument("--rounds", type=int, help="rounds per block (default: the plan's)")
     parser.add_argument("--turn-steps", type=int, help="counted steps per turn (default: the plan's)")
     parser.add_argument("--settle", type=int, default=SETTLE, help="steps left out after the first of a turn")
-    parser.add_argument("--budget-s", type=float, default=540, help="seconds the plan may take (default: 540)")
-    parser.add_argument("--runs-dir", type=Path, help="where the arms run (default: PREFIX-runs)")
+    parser.add_argument("--budget-s", type=float, help="seconds the plan may take (default: no limit)")
+    parser.add_argument("--runs-dir", type=Path, help="where the arms run (default: DIR/turns-PLAN-runs)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print and check the plan; start nothing")
     mode.add_argument("--report", action="store_true", help="write the report again from PREFIX.json")
     args = parser.parse_args(argv)
-    args.runs_dir = args.runs_dir or args.prefix.parent / f"{args.prefix.name}-runs"
+    args.prefix = args.out / f"turns-{args.plan}"
+    args.runs_dir = args.runs_dir or args.out / f"turns-{args.plan}-runs"
     counts = [args.gpus, *(n for n in (args.layers, args.rounds, args.turn_steps) if n is not None)]
-    if min(counts) < 1 or args.settle < 0:
-        parser.error("--gpus, --layers, --rounds and --turn-steps are at least 1, --settle at least 0")
+    if min(counts) < 1 or args.settle < 0 or (args.budget_s is not None and args.budget_s <= 0):
+        parser.error("--gpus, --layers, --rounds, --turn-steps are at least 1, --settle at least 0, --budget-s above 0")
     if args.layers and levers.PLANS[args.plan].recipe == levers.TINY:
         parser.error("--layers is for the Llama plans: the tiny plan keeps its recipe's layers")
     return args
@@ -184,8 +184,8 @@ def start_checks(runs_dir: Path, arms: dict[str, turns.Arm]) -> subprocess.Popen
     runs_dir.mkdir(parents=True, exist_ok=True)
     arms_path = runs_dir / "arms.json"
     arms_path.write_text(json.dumps({name: turns.arm_record(arm) for name, arm in arms.items()}))
-    script = Path(__file__).resolve().parent / "arm_check.py"
-    return subprocess.Popen([sys.executable, str(script), str(arms_path), str(runs_dir / "checks.json")])
+    command = [sys.executable, "-m", "bench.arm_check", str(arms_path), str(runs_dir / "checks.json")]
+    return subprocess.Popen(command, cwd=launches.REPO)
 
 
 def collect_checks(runs_dir: Path, process: subprocess.Popen) -> dict:
@@ -205,7 +205,7 @@ def main(argv: list[str]) -> int:
     if args.report:
         recorded = report.json_path(args.prefix)
         if not recorded.is_file():
-            print(f"bench_turns.py: no {recorded}: --report rewrites the report of a call that ran", file=sys.stderr)
+            print(f"bench.bench_turns: no {recorded}: --report rewrites the report of a call that ran", file=sys.stderr)
             return 2
         print(write(args.prefix, json.loads(recorded.read_text()), args.runs_dir))
         return 0
@@ -214,6 +214,7 @@ def main(argv: list[str]) -> int:
     plan, arms, blocks = plan_of(args)
     commands = {name: list(arm.command) for name, arm in arms.items()}
     result = {**launches.result_header(args.plan, args.gpus, commands), "plan": args.plan, "layers": plan.layers}
+    args.out.mkdir(parents=True, exist_ok=True)
     launches.fix_dataset_helpers()
     checking = start_checks(args.runs_dir, arms)
     progress = report.json_path(args.prefix)
@@ -223,7 +224,7 @@ def main(argv: list[str]) -> int:
         plan.turn_steps,
         args.settle,
         args.runs_dir,
-        deadline=started + args.budget_s,
+        deadline=started + args.budget_s if args.budget_s else math.inf,
         on_progress=lambda record: progress.write_text(json.dumps({**result, "record": record}, default=str)),
     )
     try:

@@ -5,19 +5,16 @@ bench/upstream_pretrain.py) with the same overrides: "not installed" as it is, "
 (viztracer_plugin.py installed as entrypoint.py installs it) tracing steps 11..15. So the two differ by the plugin
 alone; the next round swaps their GPUs. Each run's step times after warm-up (the installed run's without its window
 and the step after it, which pays for writing the trace) are compared over the seconds in which both runs were
-training, by the wall time TensorBoard recorded with each step. Needs 2 GPUs. Prints a table; writes PREFIX.md and
-PREFIX.json after every round.
+training, by the wall time TensorBoard recorded with each step. Needs 2 GPUs. Prints a table; writes
+DIR/viztracer-cost.md and DIR/viztracer-cost.json after every round; the runs go to DIR/viztracer-cost-runs.
 
-    python3 bench/bench_viztracer_overhead.py PREFIX [--rounds 5] [--steps 240] [--timeout 400]
+    python3 -m bench.bench_viztracer_overhead --out DIR [--rounds 5] [--steps 240] [--timeout S]
 """
 
 import argparse
 import statistics
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.*, as the GPU suite imports them
 
 from bench import launches, megatron_log, report
 
@@ -47,7 +44,7 @@ def gpus_of_round(index: int) -> tuple[str, str]:
     return ("0", "1") if index % 2 == 0 else ("1", "0")
 
 
-def run_round(index: int, steps: int, runs_dir: Path, timeout_s: float) -> dict:
+def run_round(index: int, steps: int, runs_dir: Path, timeout_s: float | None) -> dict:
     """Both runs at once, one per GPU, each read back from its TensorBoard events."""
     with ThreadPoolExecutor(len(RUNS)) as pool:
         futures = {
@@ -112,13 +109,17 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("prefix", type=Path)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m bench.bench_viztracer_overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, required=True, help="where the report goes: DIR/viztracer-cost.{md,json}")
     parser.add_argument("--rounds", type=int, default=5, help="pairs of runs; each swaps the GPUs (default: 5)")
     parser.add_argument("--steps", type=int, default=240, help="training steps per run (default: 240)")
-    parser.add_argument("--timeout", type=float, default=400, help="seconds one round may run (default: 400)")
-    args = parser.parse_args()
+    parser.add_argument("--timeout", type=float, help="seconds one run may take (default: no limit)")
+    args = parser.parse_args(argv)
     launches.stop_on_sigterm()
     result = {
         "date": report.timestamp(),
@@ -127,13 +128,12 @@ def main() -> None:
         "commands": commands(args.steps),
         "rounds": [],
     }
+    args.out.mkdir(parents=True, exist_ok=True)
     launches.fix_dataset_helpers()
     for index in range(args.rounds):
-        result["rounds"].append(
-            run_round(index, args.steps, args.prefix.parent / f"{args.prefix.name}-runs", args.timeout)
-        )
+        result["rounds"].append(run_round(index, args.steps, args.out / "viztracer-cost-runs", args.timeout))
         print(f"round {index}:", result["rounds"][-1], flush=True)
-        table = report.write(args.prefix, result, markdown)
+        table = report.write(args.out / "viztracer-cost", result, markdown)
     print(table)
 
 

@@ -1,6 +1,6 @@
 """Turn the GPU suite's records (JSON lines) into results JSON and a Markdown table.
 
-python3 bench/gpu_report.py RECORDS.jsonl OUT_PREFIX     # writes OUT_PREFIX.json and OUT_PREFIX.md
+python3 -m bench.gpu_report RECORDS.jsonl OUT_PREFIX     # writes OUT_PREFIX.json and OUT_PREFIX.md
 """
 
 import json
@@ -9,8 +9,6 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.report
 
 from bench import report
 

@@ -8,6 +8,7 @@ entrypoint.py writes it into the run directory below OUTPUT_ROOT, so either way 
 """
 
 import contextlib
+import math
 import os
 import queue
 import signal
@@ -173,17 +174,18 @@ class Launch:
         (self.directory / "console.log").write_text("".join(f"{at:9.2f}  {text}" for at, text in self.lines))
 
 
-def run(command: list[str], directory: Path, timeout_s: float, env: dict[str, str] | None = None) -> Finished:
-    """Run one launch in `directory` until it exits, or stop it (and every rank) after timeout_s or when the benchmark
-    itself is stopped. Its console, each line with its arrival time, goes to directory/console.log too."""
+def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[str, str] | None = None) -> Finished:
+    """Run one launch in `directory` until it exits, or stop it (and every rank) after timeout_s (None: no limit) or
+    when the benchmark itself is stopped. Its console, each line with its arrival time, goes to console.log there."""
     launch = Launch(command, directory, env)
-    deadline = launch.started + timeout_s
+    deadline = math.inf if timeout_s is None else launch.started + timeout_s
     try:
         while not launch.output_closed:
             if time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(command, timeout_s)
-            launch.receive(deadline - time.monotonic())
-        returncode: int | str = launch.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            launch.receive(min(deadline - time.monotonic(), 1.0))
+        left = None if timeout_s is None else max(0.0, deadline - time.monotonic())
+        returncode: int | str = launch.process.wait(timeout=left)
     except subprocess.TimeoutExpired:
         launch.stop()
         returncode = f"timeout {timeout_s:g} s"

@@ -6,10 +6,7 @@ and overrides launched the upstream way (torchrun bench/upstream_pretrain.py); "
 another seed, which gives the run-to-run noise of step time and of the loss curve.
 """
 
-import os
-import sysconfig
 from dataclasses import dataclass
-from pathlib import Path
 
 from bench import launches, turns
 
@@ -43,22 +40,6 @@ GRAPHS = ("model.cuda_graph_scope=null", "model.use_te_rng_tracker=true")
 TE_GRAPHS = (*GRAPHS, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=[attn,mlp]")
 # The recipes' data-parallel layout without Megatron FSDP (a configure() keyword of the Llama recipes).
 DDP = ("use_megatron_fsdp=false",)
-# cuDNN 9.27 (PyPI's nvidia-cudnn-cu13 9.27.0.42), where bench/cudnn_parts.sh unpacks it on the device; torch 2.11.0
-# pins 9.19.0.56, which the image uses. The device also has a system cuDNN 9.14 in /usr/lib/x86_64-linux-gnu, which
-# Transformer Engine 2.20 prefers to the pip one (it looks in CUDNN_PATH, CUDA_HOME, then the linker's path before
-# site-packages), and once its sub-libraries are loaded every copy of libcudnn.so.9 in the process uses them.
-NEWER_CUDNN = "/tmp/cudnn-9.27/nvidia/cudnn"
-PINNED_CUDNN = str(Path(sysconfig.get_path("purelib")) / "nvidia" / "cudnn")
-
-
-def cudnn_from(root: str) -> tuple[tuple[str, str], ...]:
-    """The environment that makes torch and Transformer Engine load every cuDNN library from ROOT/lib."""
-    lib = f"{root}/lib"
-    return (
-        ("CUDNN_PATH", root),  # Transformer Engine's first place to look
-        ("LD_PRELOAD", f"{lib}/libcudnn.so.9"),  # torch's libcudnn.so.9, before the system's
-        ("LD_LIBRARY_PATH", ":".join(filter(None, (lib, os.environ.get("LD_LIBRARY_PATH"))))),  # its sub-libraries
-    )
 
 
 @dataclass(frozen=True)
@@ -111,8 +92,6 @@ CHANGES = {
     "expandable_segments": Change(
         env=(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),), note="PyTorch's expandable allocator segments"
     ),
-    "cudnn_9_19": Change(env=cudnn_from(PINNED_CUDNN), note="torch's cuDNN 9.19 (the image's) in every library"),
-    "cudnn_9_27": Change(env=cudnn_from(NEWER_CUDNN), note="cuDNN 9.27 in every library"),
     # NCCL work only: on one GPU there is none to change.
     "nccl_env": Change(
         env=(("NCCL_CTA_POLICY", "1"), ("TORCH_NCCL_HIGH_PRIORITY", "1")),
@@ -161,12 +140,6 @@ PLANS = {
         ),
         **BESIDE_A_REFERENCE,
         note="more micro-batches per step, BF16, the allocator, cuDNN norms, TE graphs",
-    ),
-    "llama8b-cudnn": Plan(
-        LLAMA_FP8,
-        (("cudnn_9_19", "cudnn_9_27", "ours"), ("ours", "seed")),
-        **BESIDE_A_REFERENCE,
-        note="cuDNN 9.27 and the device's 9.14 against torch's 9.19; the run-to-run noise",
     ),
     "llama8b-graphs": Plan(
         LLAMA_FP8,

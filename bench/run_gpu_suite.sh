@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the GPU suite (pytest -m gpu) on a machine with 2+ GPUs and the pinned stack, and write its results.
+# Run the GPU suite (pytest -m gpu) on a GPU host with the pinned stack (the image, or a venv from
+# tools/install_python_stack.sh; 2 GPUs: several tests run 2 ranks), and write its results.
 #
 #   bash bench/run_gpu_suite.sh RESULTS_DIR [PYTEST_ARGS ...]     (default PYTEST_ARGS: tests/gpu)
 #
@@ -21,5 +22,5 @@ cd "$root"
 status=0
 GPU_RESULTS="$records" "$PYTHON" -m pytest -m gpu -o addopts="" -p no:cacheprovider -v "$@" \
   2>&1 | tee "$results/gpu-suite.log" || status=$?
-"$PYTHON" bench/gpu_report.py "$records" "$results/gpu-suite"
+"$PYTHON" -m bench.gpu_report "$records" "$results/gpu-suite"
 exit "$status"

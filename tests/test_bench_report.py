@@ -1,4 +1,4 @@
-"""bench/report.py: every bench script's PREFIX.json and PREFIX.md, and where bench_launch.py reads earlier cases."""
+"""bench/report.py: every bench script's PREFIX.json and PREFIX.md."""
 
 import json
 from pathlib import Path

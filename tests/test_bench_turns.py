@@ -63,7 +63,8 @@ def test_the_report_is_rebuilt_from_the_recorded_call_and_the_arms_event_files(t
     header = {"date": "2026-12-01 10:00 UTC", "hardware": "1 x NVIDIA H200", "gpus": 1, "versions": "torch 2.11.0"}
     result = {**header, "plan": "llama8b-levers", "layers": 4, "record": recorded_call(runs), "checks": CHECKS}
     prefix.with_suffix(".json").write_text(json.dumps(result))
-    assert bench_turns.main([str(prefix), "--report", "--runs-dir", str(runs)]) == 0
+    arguments = ["--out", str(tmp_path), "--plan", "llama8b-levers", "--report", "--runs-dir", str(runs)]
+    assert bench_turns.main(arguments) == 0
     table = prefix.with_suffix(".md").read_text()
     assert table == capsys.readouterr().out.rstrip("\n") + "\n"
     ratio = round(1 / 0.98, 4)
@@ -86,7 +87,7 @@ def test_the_report_is_rebuilt_from_the_recorded_call_and_the_arms_event_files(t
 
 
 def test_the_dry_run_prints_the_plan_and_checks_every_arm_with_megatron_bridge(capsys, output_root):
-    assert bench_turns.main(["/nonexistent/turns", "--plan", "tiny", "--dry-run"]) == 0
+    assert bench_turns.main(["--out", "/nonexistent", "--plan", "tiny", "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "block 0: ours upstream seed (10 rounds, reference ours)" in printed
     assert "torch.distributed.run --nproc-per-node=1 --master-port=29501" in printed
@@ -96,22 +97,37 @@ def test_the_dry_run_prints_the_plan_and_checks_every_arm_with_megatron_bridge(c
 
 
 @pytest.mark.parametrize(
-    "bad", [["--rounds", "0"], ["--gpus", "0"], ["--plan", "llama70b"], ["--turn-steps", "0"], ["--layers", "8"]]
+    "bad",
+    [
+        ["--rounds", "0"],
+        ["--gpus", "0"],
+        ["--plan", "llama70b"],
+        ["--turn-steps", "0"],
+        ["--layers", "8"],
+        ["--budget-s", "0"],
+    ],
 )
 def test_bad_options_are_refused_with_usage_status(bad: list[str], capsys):
     with pytest.raises(SystemExit) as refused:
-        bench_turns.parse_args(["prefix", *bad])
+        bench_turns.parse_args(["--out", "out", *bad])
     assert refused.value.code == 2
-    assert "bench_turns.py: error:" in capsys.readouterr().err
+    assert "python3 -m bench.bench_turns: error:" in capsys.readouterr().err
+
+
+def test_a_plan_has_no_time_limit_unless_given_and_its_files_go_into_the_out_folder():
+    args = bench_turns.parse_args(["--out", "results", "--plan", "llama8b-ab"])
+    assert args.budget_s is None
+    assert (args.prefix, args.runs_dir) == (Path("results/turns-llama8b-ab"), Path("results/turns-llama8b-ab-runs"))
+    assert bench_turns.parse_args(["--out", "results", "--budget-s", "300"]).budget_s == 300
 
 
 def test_report_without_a_recorded_call_says_so(tmp_path: Path, capsys):
-    assert bench_turns.main([str(tmp_path / "turns-tiny"), "--report"]) == 2
+    assert bench_turns.main(["--out", str(tmp_path), "--report"]) == 2
     assert "turns-tiny.json: --report rewrites the report of a call that ran" in capsys.readouterr().err
 
 
 def test_a_llama_plan_takes_another_layer_count():
-    _, arms, _ = bench_turns.plan_of(bench_turns.parse_args(["prefix", "--plan", "llama8b-ab", "--layers", "6"]))
+    _, arms, _ = bench_turns.plan_of(bench_turns.parse_args(["--out", "out", "--plan", "llama8b-ab", "--layers", "6"]))
     assert all("model.num_layers=6" in arm.overrides for arm in arms.values())
 
 

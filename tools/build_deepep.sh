@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build DeepEP from a checked-out source tree and install it into the environment of PYTHON, then import it there.
-# The one recipe for the image (Dockerfile) and the GPU machine (bench/deepep_device.sh).
+# The one recipe for the image (Dockerfile) and for a GPU host that has the rest of the stack.
 #
 #   PYTHON=python3 TORCH_CUDA_ARCH_LIST=9.0 bash tools/build_deepep.sh SRC_DIR
 #
