@@ -14,7 +14,6 @@ its own (srun.sh gives every rank its own Triton cache in /tmp). Prints a table;
 DIR/startup-CASE.json after every launch.
 """
 
-import argparse
 import re
 import statistics
 from pathlib import Path
@@ -94,34 +93,28 @@ def markdown(result: dict) -> str:
         "",
         f"{result['hardware']}, {result['gpus']} GPU(s); {result['versions']}. Seconds since the launch command.",
         "",
-        "| round | launch | exit | wall s | " + " | ".join(names) + " |",
-        "|" + "---|" * (4 + len(names)),
+        *report.table(("round", "launch", "exit", "wall s", *names)),
     ]
-    for row in result["runs"]:
-        cells = [row["round"] if row["round"] is not None else "warm-up", row["launch"], row["returncode"]]
-        cells += [row["wall_s"], *("-" if row["marks"][name] is None else row["marks"][name] for name in names)]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    for run in result["runs"]:
+        cells = ["warm-up" if run["round"] is None else run["round"], run["launch"], run["returncode"], run["wall_s"]]
+        lines.append(report.row([*cells, *(run["marks"][name] for name in names)]))
     ratios = result["first_step_a_over_b"]
     lines += ["", f"A/B time to first step per round: {', '.join(map(str, ratios)) or '-'}; {launches.spread(ratios)}"]
-    lines += [f"(goal: at most {result['goal']}).", "", "| where the seconds go (median) | A | B | A - B |"]
-    lines.append("|---|---|---|---|")
+    lines += [f"(goal: at most {result['goal']}).", ""]
+    lines += report.table(("where the seconds go (median)", "A", "B", "A - B"))
     for what, medians in result["breakdown"].items():
         a, b = medians["A"], medians["B"]
-        difference = round(a - b, 2) if a is not None and b is not None else "-"
-        lines.append(f"| {what} | {'-' if a is None else a} | {'-' if b is None else b} | {difference} |")
+        lines.append(report.row([what, a, b, round(a - b, 2) if a is not None and b is not None else None]))
     lines += ["", *(f"- {launch}: `{' '.join(command)}`" for launch, command in result["commands"].items())]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python3 -m bench.bench_startup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, required=True, help="where the report goes: DIR/startup-CASE.{md,json}")
+    parser = report.parser("bench_startup", __doc__)
     parser.add_argument("--case", choices=("tiny", "llama8b-shape"), default="tiny")
     parser.add_argument("--gpus", type=int, choices=(1, 2), default=1, help="GPUs (ranks) per launch (default: 1)")
     parser.add_argument("--layers", type=int, help="llama8b-shape: layers (default: 4 on one GPU, else all 32)")
-    parser.add_argument("--rounds", type=int, default=2, help="A B, then B A, ... (default: 2)")
+    parser.add_argument("--rounds", type=report.positive, default=2, help="A B, then B A, ... (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="uncounted A B pairs first (default: 1)")
     parser.add_argument("--timeout", type=float, help="seconds one launch may run (default: no limit)")
     parser.add_argument("--runs-dir", type=Path, help="where the launches run (default: DIR/startup-CASE-runs)")
@@ -130,7 +123,6 @@ def main(argv: list[str] | None = None) -> None:
     recipe, overrides = case_command(args.case, args.gpus, args.layers)
     commands = {"A": launches.ours(recipe, *overrides), "B": launches.upstream(recipe, *overrides, gpus=args.gpus)}
     result = {**launches.result_header(args.case, args.gpus, commands), "goal": 1.03, "runs": []}
-    args.out.mkdir(parents=True, exist_ok=True)
     prefix = args.out / f"startup-{args.case}"
     runs_dir = args.runs_dir or args.out / f"startup-{args.case}-runs"
     order = [(None, launch) for _ in range(args.warmup) for launch in "AB"] + launches.ab_rounds(args.rounds)

@@ -25,13 +25,15 @@ from pathlib import Path
 from bench import launches, levers, per_step, report, turns
 
 SETTLE = 1
+BLOCK_COLUMNS = ("block", "arm", "against", "rounds", "ratio: median", "IQR", "range", "verdict")
+BLOCK_COLUMNS += ("loss: mean, max abs gap", "loss")
+ARM_COLUMNS = ("arm", "change", "ms/step", "tokens/s/GPU", "TFLOP/s/GPU logged", "GFLOP/token logged")
+ARM_COLUMNS += ("TFLOP/s/GPU by Megatron Bridge's formula, 6N, 6N + attention", "peak GB allocated, reserved")
+ARM_COLUMNS += ("steps counted", "first counted / rest", "exit")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python3 -m bench.bench_turns", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, required=True, help="where the report goes: DIR/turns-PLAN.{md,json}")
+    parser = report.parser("bench_turns", __doc__)
     parser.add_argument("--plan", choices=sorted(levers.PLANS), default="tiny")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) of every arm (default: 1)")
     parser.add_argument("--layers", type=int, help="model.num_layers of a Llama plan (default: the plan's)")
@@ -72,16 +74,15 @@ def describe(arms: dict[str, turns.Arm], blocks: list[turns.Block]) -> str:
 
 
 def checks_table(checks: dict[str, dict]) -> list[str]:
-    lines = ["| arm | config | overrides Megatron Bridge undoes | GFLOP/token: Megatron Bridge, 6N, 6N + attention |"]
-    lines.append("|---|---|---|---|")
+    rows = []
     for name, check in checks.items():
         if not check["ok"]:
-            lines.append(f"| {name} | refused: {check['error']} | | |")
+            rows.append([name, f"refused: {check['error']}"])
             continue
         undone = ", ".join(f"{k}={v['given']} (holds {v['holds']})" for k, v in check["inert"].items()) or "none"
-        flops = check["gflop_per_token"]
-        lines.append(f"| {name} | ok | {undone} | {', '.join(str(v) for v in flops.values())} |")
-    return lines
+        rows.append([name, "ok", undone, ", ".join(str(v) for v in check["gflop_per_token"].values())])
+    header = ("arm", "config", "overrides Megatron Bridge undoes", "GFLOP/token: Megatron Bridge, 6N, 6N + attention")
+    return report.table(header, rows)
 
 
 def dry_run(args: argparse.Namespace) -> int:
@@ -106,8 +107,7 @@ def markdown(result: dict) -> str:
         f"Arms take turns on the same GPUs; a turn is {1 + record['settle'] + record['turn_steps']} logged steps, the",
         f"first {1 + record['settle']} left out; a round's ratio is an arm's tokens/s over its block's reference's.",
         "",
-        "| block | arm | against | rounds | ratio: median | IQR | range | verdict | loss: mean, max abs gap | loss |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *report.table(BLOCK_COLUMNS),
     ]
     for block in analysis.get("blocks", record["blocks"]):
         reference = block["arms"][0]
@@ -124,7 +124,7 @@ def markdown(result: dict) -> str:
                 cells += ["-", "-", "-"]
             cells += [block["verdict"][arm], f"{gap.get('mean_abs', '-')}, {gap.get('max_abs', '-')}"]
             cells.append(block["loss"][arm]["agrees"])
-            lines.append("| " + " | ".join(map(str, cells)) + " |")
+            lines.append(report.row(cells))
         if block.get("cut"):
             lines.append(f"| {block['index']} | | | cut {block['cut']} |")
     lines += ["", *arms_table(record, analysis, checks), ""]
@@ -137,12 +137,7 @@ def markdown(result: dict) -> str:
 
 
 def arms_table(record: dict, analysis: dict, checks: dict) -> list[str]:
-    lines = [
-        "| arm | change | ms/step | tokens/s/GPU | TFLOP/s/GPU logged | GFLOP/token logged | TFLOP/s/GPU by Megatron"
-        " Bridge's formula, 6N, 6N + attention | peak GB allocated, reserved | steps counted | first counted / rest"
-        " | exit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = report.table(ARM_COLUMNS)
     for name, arm in record["arms"].items():
         figures = analysis.get("arms", {}).get(name, {})
         tokens = figures.get("tokens_per_s_per_gpu")
@@ -156,7 +151,7 @@ def arms_table(record: dict, analysis: dict, checks: dict) -> list[str]:
         cells += [figures.get("logged_gflop_per_token"), by_formula]
         cells += [f"{figures.get('peak_allocated_gb')}, {figures.get('peak_reserved_gb')}"]
         cells += [figures.get("counted_steps"), figures.get("first_counted_over_rest"), ended]
-        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+        lines.append(report.row(cells))
     return lines
 
 

@@ -11,7 +11,6 @@ DIR/viztracer-cost.md and DIR/viztracer-cost.json after every round; the runs go
     python3 -m bench.bench_viztracer_overhead --out DIR [--rounds 5] [--steps 240] [--timeout S]
 """
 
-import argparse
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +22,8 @@ PORTS = {"not_installed": 29610, "installed": 29620}
 TINY = "recipes/tiny_gpt_pretrain.py"
 WINDOW_START, WINDOW_END = 10, 15  # traces steps 11..15
 AFTER_WINDOW = WINDOW_END + 1  # forks the child that writes the trace
+COLUMNS = ("round", "seconds both trained", "not installed: GPU, steps, median ms")
+COLUMNS += ("installed: GPU, steps, median ms", "installed / not", "step after window / median")
 WINDOW = (
     "profiling.use_viztracer=true",
     f"profiling.profile_step_start={WINDOW_START}",
@@ -93,16 +94,12 @@ def markdown(result: dict) -> str:
         "",
         f"{result['hardware']}; {result['versions']}.",
         "",
-        "| round | seconds both trained | not installed: GPU, steps, median ms | installed: GPU, steps, median ms"
-        " | installed / not | step after window / median |",
-        "|---|---|---|---|---|---|",
+        *report.table(COLUMNS),
     ]
     for index, pair in enumerate(result["rounds"]):
         cells = [f"GPU {pair[run]['gpu']}, {pair[run]['compared_steps']}, {pair[run]['median_ms']}" for run in RUNS]
-        after = pair["step after window / median"]
-        lines.append(
-            f"| {index} | {pair['concurrent_s']} | {cells[0]} | {cells[1]} | {pair['installed / not']} | {after} |"
-        )
+        ratios = [pair["installed / not"], pair["step after window / median"]]
+        lines.append(report.row([index, pair["concurrent_s"], *cells, *ratios]))
     ratios = [pair["installed / not"] for pair in result["rounds"] if pair["installed / not"]]
     lines += ["", f"Installed / not installed: {launches.spread(ratios)}.", ""]
     lines += [f"- {run}: `{' '.join(command)}`" for run, command in result["commands"].items()]
@@ -110,25 +107,13 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python3 -m bench.bench_viztracer_overhead",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--out", type=Path, required=True, help="where the report goes: DIR/viztracer-cost.{md,json}")
-    parser.add_argument("--rounds", type=int, default=5, help="pairs of runs; each swaps the GPUs (default: 5)")
-    parser.add_argument("--steps", type=int, default=240, help="training steps per run (default: 240)")
+    parser = report.parser("bench_viztracer_overhead", __doc__)
+    parser.add_argument("--rounds", type=report.positive, default=5, help="pairs of runs, GPUs swapped (default: 5)")
+    parser.add_argument("--steps", type=report.positive, default=240, help="training steps per run (default: 240)")
     parser.add_argument("--timeout", type=float, help="seconds one run may take (default: no limit)")
     args = parser.parse_args(argv)
     launches.stop_on_sigterm()
-    result = {
-        "date": report.timestamp(),
-        "hardware": launches.hardware(),
-        "versions": launches.versions(),
-        "commands": commands(args.steps),
-        "rounds": [],
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
+    result = {**launches.result_header("viztracer-cost", 2, commands(args.steps)), "rounds": []}
     launches.fix_dataset_helpers()
     for index in range(args.rounds):
         result["rounds"].append(run_round(index, args.steps, args.out / "viztracer-cost-runs", args.timeout))

@@ -37,11 +37,8 @@ def markdown(result: dict) -> str:
         + ", ".join(f"{name} {version}" for name, version in result["versions"].items())
         + ".",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        *report.table(COLUMNS, ([row.get(column, "") for column in COLUMNS] for row in result["tests"])),
     ]
-    for row in result["tests"]:
-        lines.append("| " + " | ".join(str(row.get(column, "")) for column in COLUMNS) + " |")
     lines += ["", "Other facts each test recorded:", ""]
     for row in result["tests"]:
         extra = {k: v for k, v in row.items() if k not in (*COLUMNS, "losses", "returncode")}

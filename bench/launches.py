@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO
 
+import psutil
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from bench import megatron_log, report
@@ -113,7 +114,7 @@ class Launch:
         reader.start()
         self.lines: list[tuple[float, str]] = []
         self.output_closed = False
-        self.seen: dict[int, str] = {}  # every process of its tree seen so far: pid -> start time
+        self.seen: dict[int, psutil.Process] = {}  # every process of its tree seen so far
         self.terminated = False
 
     def receive(self, timeout_s: float) -> str | None:
@@ -165,10 +166,9 @@ class Launch:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-        for pid, started in self.seen.items():
-            if start_time(pid) == started:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        for process in self.seen.values():  # psutil checks that the pid is still that process
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
     def close(self) -> None:
         (self.directory / "console.log").write_text("".join(f"{at:9.2f}  {text}" for at, text in self.lines))
@@ -203,45 +203,24 @@ def timed_lines(stream: IO[str], started: float, arrived: queue.SimpleQueue) -> 
     arrived.put(None)
 
 
-def process_tree(root: int) -> dict[int, str]:
-    """root and every process below it, from /proc, with their start times: the ranks run in sessions of their own,
-    which no process group of the launcher holds."""
-    children: dict[int, list[int]] = {}
-    started: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        if fields := stat_fields(stat):
-            pid = int(stat.parent.name)
-            children.setdefault(int(fields[1]), []).append(pid)
-            started[pid] = fields[19]
-    tree, below = {}, [root]
-    while below:
-        pid = below.pop()
-        tree[pid] = started.get(pid, "")
-        below.extend(children.get(pid, ()))
-    return tree
-
-
-def stat_fields(stat: Path) -> list[str] | None:
-    """/proc/PID/stat after the process name: state, parent pid, ... (index 19: the start time); None once it ended."""
+def process_tree(root: int) -> list[psutil.Process]:
+    """root and every process below it: the ranks run in sessions of their own, which no process group of the
+    launcher holds."""
     try:
-        return stat.read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
+        launcher = psutil.Process(root)
+        return [launcher, *launcher.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
-def start_time(pid: int) -> str | None:
-    fields = stat_fields(Path(f"/proc/{pid}/stat"))
-    return fields[19] if fields else None
-
-
-def signal_tree(root: int, signum: int) -> dict[int, str]:
+def signal_tree(root: int, signum: int) -> dict[int, psutil.Process]:
     """signum to every process of root's tree; returns the tree. A process forked while the tree was read escapes one
     pass, so SIGSTOP walks the tree again until no new process turns up."""
-    signalled: dict[int, str] = {}
-    while tree := {pid: at for pid, at in process_tree(root).items() if pid not in signalled}:
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+    signalled: dict[int, psutil.Process] = {}
+    while tree := {process.pid: process for process in process_tree(root) if process.pid not in signalled}:
+        for process in tree.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signum)
         signalled |= tree
         if signum != signal.SIGSTOP:
             break

@@ -38,8 +38,6 @@ NO_CHECKS = (
 # cuda_graph_modules. Capture happens after cuda_graph_warmup_steps (3) steps, so these arms warm up longer.
 GRAPHS = ("model.cuda_graph_scope=null", "model.use_te_rng_tracker=true")
 TE_GRAPHS = (*GRAPHS, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=[attn,mlp]")
-# The recipes' data-parallel layout without Megatron FSDP (a configure() keyword of the Llama recipes).
-DDP = ("use_megatron_fsdp=false",)
 
 
 @dataclass(frozen=True)
@@ -67,9 +65,6 @@ CHANGES = {
     "graphs_te": Change(
         TE_GRAPHS, warmup_steps=6, note="TE CUDA graphs of attention and MLP (cuda_graph_impl=transformer_engine)"
     ),
-    # The same graphs where megatron-core 0.19.2 supports them, with its DDP: whether the lever is worth the fix.
-    "ddp": Change(DDP, note="the shipped recipe with DDP instead of Megatron FSDP"),
-    "ddp_graphs_te": Change((*DDP, *TE_GRAPHS), warmup_steps=6, note="DDP with TE CUDA graphs of attention and MLP"),
     # One graph of the whole forward-backward, which Megatron FSDP supports in its CUDA-graph mode (graph-safe
     # gradients, no all-gather at the start of the parameter sync); Megatron Bridge requires the loss check off with
     # it, and the gradient check's host sync cannot be captured: compare with no_checks.
@@ -140,12 +135,6 @@ PLANS = {
         ),
         **BESIDE_A_REFERENCE,
         note="more micro-batches per step, BF16, the allocator, cuDNN norms, TE graphs",
-    ),
-    "llama8b-graphs": Plan(
-        LLAMA_FP8,
-        (("ours", "graphs_te"), ("ddp", "ddp_graphs_te")),
-        **BESIDE_A_REFERENCE,
-        note="TE graphs of attention and MLP with Megatron FSDP, and with DDP",
     ),
     "llama8b-solo": Plan(
         LLAMA_FP8, (("ours",),), layers=16, sequences_per_gpu=8, rounds=1, turn_steps=8, note="16 layers, alone"

@@ -16,7 +16,7 @@ What is recorded (and returned) is when each turn began and ended by the wall cl
 the wall times of the steps Megatron Bridge logged to TensorBoard.
 """
 
-import statistics
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +25,6 @@ from pathlib import Path
 from bench import bench_startup, launches, megatron_log
 
 CONFIG_BUILT = bench_startup.MARKERS["config built"]  # printed by both entry points just before pretrain()
-JOIN_S = {"started ahead": 40.0, "cold": 75.0}  # what an arm costs until warmed up, for the time estimate
 POLL_S = 0.02  # how long a pass waits for a line: the most an arm runs on after its stopping point was printed
 
 
@@ -74,16 +73,11 @@ class Live:
     config_built: bool = False
     paused: bool = False
     failure: str | None = None
-    step_gaps: list[float] = field(default_factory=list)  # seconds between consecutive step lines in turns
-    last_step_at: float | None = None
 
     def take(self, line: str) -> bool:
         """Note what a console line says; True when it is a logged step."""
         if match := megatron_log.ITERATION.search(line):
-            now = time.monotonic()
-            if self.last_step_at is not None and self.steps_in_turn:
-                self.step_gaps.append(now - self.last_step_at)
-            self.last_step, self.last_step_at = int(match.group(1)), now
+            self.last_step = int(match.group(1))
             self.steps_in_turn += 1
             return True
         if CONFIG_BUILT.search(line):
@@ -102,10 +96,6 @@ class Live:
     def ended(self) -> bool:
         return self.launch.exited
 
-    @property
-    def seconds_per_step(self) -> float | None:
-        return statistics.median(self.step_gaps[-8:]) if self.step_gaps else None
-
 
 @dataclass
 class Turns:
@@ -114,7 +104,7 @@ class Turns:
     turn_steps: int
     settle: int
     runs_dir: Path
-    deadline: float  # time.monotonic() after which no block starts that would not fit, and no round starts
+    deadline: float  # time.monotonic() after which no block or round starts (math.inf: none)
     warmup_timeout_s: float = 600
     stall_s: float = 120  # an arm that logs no step for this long in its turn has failed
     on_progress: Callable[[dict], None] = lambda record: None
@@ -132,8 +122,8 @@ class Turns:
         }
         try:
             for index, block in enumerate(self.blocks):
-                if (needed := self.estimate_s(block)) > self.deadline - time.monotonic():
-                    self.record["blocks"][index]["skipped"] = f"no time left (needs about {needed:.0f} s)"
+                if time.monotonic() >= self.deadline:
+                    self.record["blocks"][index]["skipped"] = "no time left"
                     continue
                 self.enter(block)
                 self.prestart(self.blocks[index + 1] if index + 1 < len(self.blocks) else None)
@@ -190,7 +180,7 @@ class Turns:
 
     def turn(self, block: int, round_index: int, name: str) -> None:
         live, wanted = self.live[name], 1 + self.settle + self.turn_steps
-        live.steps_in_turn, live.last_step_at = 0, None
+        live.steps_in_turn = 0
         began = time.time()
         live.resume()
         last_progress = time.monotonic()
@@ -239,18 +229,6 @@ class Turns:
         live = self.live.get(name)
         return live is not None and not live.ended and live.failure is None
 
-    def estimate_s(self, block: Block) -> float:
-        """Seconds the block would take: its new arms up to their warm-up, then 3 rounds at the step times seen so
-        far (per token); before any step was seen, the warm-up alone."""
-        joining = [name for name in block.arms if name not in self.live or not self.warmed_up(self.live[name])]
-        join_s = max((JOIN_S["started ahead" if name in self.live else "cold"] for name in joining), default=0.0)
-        known = [live.seconds_per_step / live.arm.tokens_per_step for live in self.live.values() if live.step_gaps]
-        if not known:
-            return join_s
-        per_token = statistics.median(known)
-        round_s = (1 + self.settle + self.turn_steps) * sum(self.arms[name].tokens_per_step for name in block.arms)
-        return join_s + min(block.rounds, 3) * round_s * per_token
-
     def start(self, name: str) -> None:
         arm = self.arms[name]
         self.live[name] = Live(arm, launches.Launch(list(arm.command), self.runs_dir / name, arm.env))
@@ -283,14 +261,4 @@ def rotated(arms: tuple[str, ...], by: int) -> list[str]:
 
 def arm_record(arm: Arm) -> dict:
     """What the record keeps of an arm; it runs in RUNS_DIR/<its name>."""
-    return {
-        "command": list(arm.command),
-        "recipe": arm.recipe,
-        "overrides": list(arm.overrides),
-        "env": arm.env,
-        "tokens_per_step": arm.tokens_per_step,
-        "gpus": arm.gpus,
-        "warmup_steps": arm.warmup_steps,
-        "noise_of": arm.noise_of,
-        "note": arm.note,
-    }
+    return {key: value for key, value in dataclasses.asdict(arm).items() if key != "name"}

@@ -3,7 +3,9 @@
 import json
 from pathlib import Path
 
-from bench import report
+import pytest
+
+from bench import bench_startup, bench_viztracer_overhead, report
 
 
 def test_writes_the_numbers_and_the_table_beside_each_other_and_returns_the_table(tmp_path: Path):
@@ -13,3 +15,26 @@ def test_writes_the_numbers_and_the_table_beside_each_other_and_returns_the_tabl
     assert json.loads(report.json_path(prefix).read_text()) == result
     assert (tmp_path / "2026-11-30-launch-bench.md").read_text() == table == f"# {result['date']}\n"
     assert report.json_path(prefix) == tmp_path / "2026-11-30-launch-bench.json"
+
+
+def test_a_table_has_its_header_its_rule_and_a_dash_for_a_missing_value():
+    assert report.table(("arm", "ms"), [["ours", 12.5], ["seed", None]]) == [
+        "| arm | ms |",
+        "|---|---|",
+        "| ours | 12.5 |",
+        "| seed | - |",
+    ]
+
+
+@pytest.mark.parametrize("module", [bench_startup, bench_viztracer_overhead])
+@pytest.mark.parametrize("bad", [["--rounds", "0"], ["--rounds", "two"], []])
+def test_a_benchmark_refuses_bad_options_before_it_starts_anything(module, bad: list[str], tmp_path: Path, capsys):
+    """--rounds 0 used to run no launch and then fail on the table it never made; without --out there is nowhere to
+    write. Both are refused in one line with status 2, and nothing is written."""
+    out = ["--out", str(tmp_path / "out")] if bad else []
+    with pytest.raises(SystemExit) as refused:
+        module.main([*out, *bad])
+    assert refused.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(f"python3 -m bench.{module.__name__.split('.')[-1]}: error: ")
+    assert not (tmp_path / "out").exists()
