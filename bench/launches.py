@@ -25,7 +25,7 @@ from typing import IO
 import psutil
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from bench import megatron_log, report
+from bench import report
 
 REPO = Path(__file__).resolve().parents[1]
 # APEX is not installed; without it Megatron refuses to build the output layer with the fusion on, and the upstream
@@ -243,10 +243,6 @@ def values(found: dict, tag: str) -> dict[int, float]:
     return {step: value for step, (_, value) in found.get(tag, {}).items()}
 
 
-def steady_median(per_step: dict[int, float]) -> float | None:
-    return megatron_log.steady_median(per_step, megatron_log.WARMUP_STEPS)
-
-
 def hardware() -> str:
     query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
     try:
@@ -280,5 +276,5 @@ def fix_dataset_helpers() -> None:
 
 
 def stop_on_sigterm() -> None:
-    """`timeout` and the device's limit send SIGTERM: end through run()'s stop of the launch in flight."""
+    """SIGTERM (`timeout`, a batch system, kill) ends the benchmark through run()'s stop of the launch in flight."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

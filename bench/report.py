@@ -18,9 +18,13 @@ def parser(module: str, doc: str | None) -> argparse.ArgumentParser:
 
 def positive(text: str) -> int:
     """argparse type: a whole number of 1 or more."""
-    if not text.isdigit() or int(text) < 1:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return int(text)
+    return number
 
 
 def timestamp() -> str:

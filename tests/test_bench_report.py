@@ -1,5 +1,7 @@
 """bench/report.py: every bench script's PREFIX.json and PREFIX.md."""
 
+import argparse
+import inspect
 import json
 from pathlib import Path
 
@@ -38,3 +40,23 @@ def test_a_benchmark_refuses_bad_options_before_it_starts_anything(module, bad: 
     error = capsys.readouterr().err.splitlines()[-1]
     assert error.startswith(f"python3 -m bench.{module.__name__.split('.')[-1]}: error: ")
     assert not (tmp_path / "out").exists()
+
+
+# Text from outside the project: every word of the standard library's argparse source, and digits of other scripts.
+OUTSIDE_WORDS = sorted(set(inspect.getsource(argparse).split()) | {"\u00b2", "\u0663", " 7 ", "-1", "0", "08", ""})
+
+
+def test_a_count_option_takes_what_int_takes_from_one_up_and_refuses_all_else_with_argparses_error():
+    taken = 0
+    for text in OUTSIDE_WORDS:
+        try:
+            expected = int(text)
+        except ValueError:
+            expected = 0
+        if expected >= 1:
+            assert report.positive(text) == expected, text
+            taken += 1
+        else:
+            with pytest.raises(argparse.ArgumentTypeError, match="is not a whole number of 1 or more"):
+                report.positive(text)
+    assert taken >= 3  # " 7 ", "08", "\u0663" and argparse's own numbers
