@@ -93,7 +93,7 @@ def main() -> None:
     launches.fix_dataset_helpers()
     for index, (round_index, launch) in enumerate(launches.ab_rounds(args.rounds)):
         directory = args.prefix.parent / f"{args.prefix.name}-runs" / f"{index}-{launch}"
-        env = {"GPUS_PER_NODE": str(args.gpus)}
+        env = {"SRUNSH_GPUS_PER_NODE": str(args.gpus)}
         finished = launches.run(result["commands"][launch], directory, args.timeout, env)
         row = {"round": round_index, "launch": launch, "returncode": finished.returncode, "wall_s": finished.wall_s}
         result["runs"].append(row | throughput(launches.scalars(directory), case.tokens_per_step, args.gpus))
