@@ -171,7 +171,13 @@ RUN "python${PYTHON_VERSION}" -m venv /opt/venv \
     && nccl=$(python -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))') \
     && printf '%s\n' /opt/amazon/ofi-nccl/lib /opt/amazon/efa/lib /opt/amazon/openmpi/lib /opt/gdrcopy/lib "${nccl}" \
         >/etc/ld.so.conf.d/00-megatron-image.conf \
-    && ldconfig
+    && ldconfig \
+    && grep -E '^(torch|nvidia-nccl-cu13)==' /opt/toolkit/versions.txt >/opt/toolkit/pip-constraints.txt
+
+# torch 2.11.0 requires nvidia-nccl-cu13==2.28.9, too old for aws-ofi-nccl's GIN (2.31.2+): a later `pip install`
+# here that resolves torch's dependencies would put it back. pip takes these constraints into every install, so it
+# refuses such an install instead (--no-deps, as the image installs, still works); the last step asks pip.
+ENV PIP_CONSTRAINT=/opt/toolkit/pip-constraints.txt
 
 # nccl-tests against that NCCL (alltoall_perf -D 3/4 exercises the Device API and GIN). The wheel ships libnccl.so.2
 # only, so the link names that file. CUDA_ARCHS is a comma list in TORCH_CUDA_ARCH_LIST form.
@@ -206,8 +212,8 @@ RUN git init -q /tmp/DeepEP \
     && rm -rf /tmp/DeepEP
 
 # What the image claims, proved at build time (tools/image/check_image.py): one NCCL, the pinned wheel, in torch and
-# on the loader's path; the one NET plugin is aws-ofi-nccl with GIN and GDRCopy 2.5+; the stack, DeepEP included,
-# imports. There is no GPU during the build, so the driver stub stands in for libcuda.so.1.
+# on the loader's path, and kept by pip; the one NET plugin is aws-ofi-nccl with GIN and GDRCopy 2.5+; the stack,
+# DeepEP included, imports. There is no GPU during the build, so the driver stub stands in for libcuda.so.1.
 COPY tools/image/check_image.py /opt/toolkit/tools/image/check_image.py
 RUN mkdir /tmp/cuda-stub && ln -s /usr/local/cuda/lib64/stubs/libcuda.so /tmp/cuda-stub/libcuda.so.1 \
     && LD_LIBRARY_PATH="/tmp/cuda-stub:${LD_LIBRARY_PATH}" python /opt/toolkit/tools/image/check_image.py \

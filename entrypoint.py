@@ -59,9 +59,9 @@ def missing_stack(error: ImportError) -> UsageError:
     """An image or Python without Megatron Bridge: say which one, and how to get one that has it."""
     image = os.environ.get("SRUN_SH_IMAGE")
     if image:
-        fix = f"the image {image} lacks it: rebuild it with 'make build', or point SQSH at an image that has it"
+        fix = f"the image {image} lacks it: rebuild it with 'make build', or point SRUNSH_SQSH at an image that has it"
     else:
-        fix = f"install it with PYTHON={sys.executable} bash tools/install_python_stack.sh, or set PYTHON to another"
+        fix = f"install it with PYTHON={sys.executable} bash tools/install_python_stack.sh, or set SRUNSH_PYTHON"
     return UsageError(f"{sys.executable} cannot import the training stack ({type(error).__name__}: {error}): {fix}")
 
 

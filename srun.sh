@@ -13,15 +13,16 @@
 #        ./srun.sh --health [--local | --no-container | --dry-run]
 #   --nsys          run the ranks of profiling.profile_ranks under nsys; reports in RUN_DIR/nsys/
 #   --dry-run       print the launch command and the environment; start nothing (works outside an allocation)
-#   --no-container  the same launch without pyxis, with this host's $PYTHON (a venv every node shares)
-#   --local         no SLURM: GPUS_PER_NODE ranks on this host, started and supervised by torchrun
+#   --no-container  the same launch without pyxis, with this host's $SRUNSH_PYTHON (a venv every node shares)
+#   --local         no SLURM: SRUNSH_GPUS_PER_NODE ranks on this host, started and supervised by torchrun
 #   --health        only the health check, on every rank of the launch: per GPU, per node, between nodes in
 #                   pairs, job-wide; a table on the console and in RUN_DIR/health.json naming every node to
 #                   exclude; exit 0 when every node passes, 1 otherwise
-#   --sbatch ... -- submit the launch as a batch job with these sbatch options. RUN_ID is the job id. SAVE_LEAD_S
-#                   before the time limit the ranks get SIGTERM, Megatron Bridge saves a checkpoint and stops, and
-#                   the job requeues itself; a failed job is requeued up to MAX_RETRIES times; each time it
-#                   resumes from its latest checkpoint. Its log: OUTPUT_ROOT/<recipe>/slurm-<job id>.out
+#   --sbatch ... -- submit the launch as a batch job with these sbatch options. SRUNSH_RUN_ID is the job id.
+#                   SRUNSH_SAVE_LEAD_S before the time limit the ranks get SIGTERM, Megatron Bridge saves a
+#                   checkpoint and stops, and the job requeues itself; a failed job is requeued up to
+#                   SRUNSH_MAX_RETRIES times; each time it resumes from its latest checkpoint. Its log:
+#                   SRUNSH_OUTPUT_ROOT/<recipe>/slurm-<job id>.out
 #   -h, --help      this text
 #
 # Each rank's output reaches the console labelled "RANK: " and RUN_DIR/logs/rank-RANK.log. When a rank fails, the
@@ -33,41 +34,43 @@ set -euo pipefail
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 
 # ---- Knobs: environment variables, with their defaults -------------------------------------------------------
-# Enroot image every rank runs in.                                  SQSH=/fsx/images/megatron.sqsh ./srun.sh ...
-SQSH=${SQSH:-"$REPO_DIR/megatron-lm+latest.sqsh"}
-# Container mounts SRC:DST[:FLAGS],...; they must hold this checkout, the recipe and OUTPUT_ROOT.
-MOUNT=${MOUNT:-"$REPO_DIR:/workspace/megatron,/fsx:/fsx"}
+# srun.sh's own knobs start with SRUNSH_, so that no variable a host sets for another tool steers a launch;
+# MASTER_ADDR and MASTER_PORT are torch's rendezvous names, meant the same way by every torch launcher.
+# Enroot image every rank runs in.                            SRUNSH_SQSH=/fsx/images/megatron.sqsh ./srun.sh ...
+SRUNSH_SQSH=${SRUNSH_SQSH:-"$REPO_DIR/megatron-lm+latest.sqsh"}
+# Container mounts SRC:DST[:FLAGS],...; they must hold this checkout, the recipe and SRUNSH_OUTPUT_ROOT.
+SRUNSH_MOUNT=${SRUNSH_MOUNT:-"$REPO_DIR:/workspace/megatron,/fsx:/fsx"}
 # pyxis container name; empty: unnamed, unpacked at every launch and removed when it ends. A name reuses the
-# container that an earlier launch left on each node (no unpack; see docs/containers.md).  CONTAINER_NAME=megatron
-CONTAINER_NAME=${CONTAINER_NAME:-}
+# container that an earlier launch left on each node (no unpack; docs/containers.md).   SRUNSH_CONTAINER_NAME=megatron
+SRUNSH_CONTAINER_NAME=${SRUNSH_CONTAINER_NAME:-}
 # Ranks per node; empty: the allocation's GPUs a node (--gpus-per-node), else 8; with --local the visible GPUs.
-GPUS_PER_NODE=${GPUS_PER_NODE:-}
+SRUNSH_GPUS_PER_NODE=${SRUNSH_GPUS_PER_NODE:-}
 # Run name; empty: a new run, <job id>-<date>-<time> (local-<date>-<time>-<pid> with --local). An earlier run's
-# id resumes that run: same RUN_DIR, its latest checkpoint.                      RUN_ID=4242-20261130-101500 ...
-RUN_ID=${RUN_ID:-}
-# Where runs write: RUN_DIR=$OUTPUT_ROOT/<recipe>/$RUN_ID (config, logs, checkpoints, traces, nsys reports).
-OUTPUT_ROOT=${OUTPUT_ROOT:-outputs}
+# id resumes that run: same RUN_DIR, its latest checkpoint.               SRUNSH_RUN_ID=4242-20261130-101500 ...
+SRUNSH_RUN_ID=${SRUNSH_RUN_ID:-}
+# Where runs write: RUN_DIR=$SRUNSH_OUTPUT_ROOT/<recipe>/$SRUNSH_RUN_ID (config, logs, checkpoints, traces, nsys).
+SRUNSH_OUTPUT_ROOT=${SRUNSH_OUTPUT_ROOT:-outputs}
 # Rendezvous address; empty: the first node's address in SLURM (its NodeAddr), 127.0.0.1 with --local.
 MASTER_ADDR=${MASTER_ADDR:-}
 # Rendezvous port; empty: 20000-32767, derived from RUN_DIR, so two runs on one node differ.
 MASTER_PORT=${MASTER_PORT:-}
-# More srun arguments, split on whitespace (no quotes).             SRUN_EXTRA_ARGS="--mpi=pmix --time=2:00:00"
-SRUN_EXTRA_ARGS=${SRUN_EXTRA_ARGS:-}
-# Python of the ranks, and of torchrun with --local; this host's with --no-container / --local.  PYTHON=.venv/bin/python
-PYTHON=${PYTHON:-python3}
-# nsys for --nsys: the image's, or this host's with --no-container / --local.       NSYS=/opt/nsys/bin/nsys
-NSYS=${NSYS:-nsys}
-# --sbatch: seconds before the time limit at which the ranks save a checkpoint and stop.       SAVE_LEAD_S=600
-SAVE_LEAD_S=${SAVE_LEAD_S:-300}
-# --sbatch: how often a job whose ranks failed is requeued (a time-limit save always is).      MAX_RETRIES=0
-MAX_RETRIES=${MAX_RETRIES:-2}
-# 1: the health check (--health) first; a batch job requeues itself without the nodes that fail it.   HEALTH=1
-HEALTH=${HEALTH:-0}
+# More srun arguments, split on whitespace (no quotes).       SRUNSH_SRUN_EXTRA_ARGS="--mpi=pmix --time=2:00:00"
+SRUNSH_SRUN_EXTRA_ARGS=${SRUNSH_SRUN_EXTRA_ARGS:-}
+# Python of the ranks and of --local's torchrun; this host's with --no-container/--local. SRUNSH_PYTHON=.venv/bin/python
+SRUNSH_PYTHON=${SRUNSH_PYTHON:-python3}
+# nsys for --nsys: the image's, or this host's with --no-container / --local.        SRUNSH_NSYS=/opt/nsys/bin/nsys
+SRUNSH_NSYS=${SRUNSH_NSYS:-nsys}
+# --sbatch: seconds before the time limit at which the ranks save a checkpoint and stop.   SRUNSH_SAVE_LEAD_S=600
+SRUNSH_SAVE_LEAD_S=${SRUNSH_SAVE_LEAD_S:-300}
+# --sbatch: how often a job whose ranks failed is requeued (a time-limit save always is).  SRUNSH_MAX_RETRIES=0
+SRUNSH_MAX_RETRIES=${SRUNSH_MAX_RETRIES:-2}
+# 1: the health check (--health) first; a batch job requeues itself without the nodes that fail it.
+SRUNSH_HEALTH=${SRUNSH_HEALTH:-0}
 # Seconds each part of the health check may take on a rank before it counts as a hang (the start: 3 x as long).
-HEALTH_TIMEOUT_S=${HEALTH_TIMEOUT_S:-60}
+SRUNSH_HEALTH_TIMEOUT_S=${SRUNSH_HEALTH_TIMEOUT_S:-60}
 # Seconds without a completed training step after which srun.sh writes the hang report and stops the ranks (exit
 # 124); empty: 10 x the longest step so far, at least 5 min; off: never. Before the first step: 20 min, or more.
-HANG_TIMEOUT_S=${HANG_TIMEOUT_S:-}
+SRUNSH_HANG_TIMEOUT_S=${SRUNSH_HANG_TIMEOUT_S:-}
 # ---- End of knobs ----------------------------------------------------------------------------------------------
 
 usage() {
@@ -199,15 +202,15 @@ address_toward_second_node() {
 # Job facts every rank shares: the run, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
 resolve_job() {
   NEW_RUN=0 RUN_TAKEN=0
-  if [[ -z $RUN_ID ]]; then
+  if [[ -z $SRUNSH_RUN_ID ]]; then
     NEW_RUN=1
     if ((LOCAL)); then
-      RUN_ID=local-$(date +%Y%m%d-%H%M%S)-$$
+      SRUNSH_RUN_ID=local-$(date +%Y%m%d-%H%M%S)-$$
     else
-      RUN_ID=${SLURM_JOB_ID:-JOBID}-$(date +%Y%m%d-%H%M%S)
+      SRUNSH_RUN_ID=${SLURM_JOB_ID:-JOBID}-$(date +%Y%m%d-%H%M%S)
     fi
   fi
-  LOCAL_WORLD_SIZE=$GPUS_PER_NODE
+  LOCAL_WORLD_SIZE=$SRUNSH_GPUS_PER_NODE
   if ((LOCAL)); then
     HOSTS=("$(uname -n)")
     MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
@@ -227,16 +230,16 @@ resolve_job() {
     HOSTS=(NODE1)
     MASTER_ADDR=${MASTER_ADDR:-NODE1}
   fi
-  RUN_BASE=$RUN_ID
+  RUN_BASE=$SRUNSH_RUN_ID
   ((DRY_RUN)) || claim_run_dir
-  HOST_RUN_DIR=$RUN_ROOT/$RUN_ID # RUN_DIR as this host sees it; the ranks get theirs from export_rank_env
+  HOST_RUN_DIR=$RUN_ROOT/$SRUNSH_RUN_ID # RUN_DIR as this host sees it; the ranks get theirs from export_rank_env
   if [[ -z $MASTER_PORT ]]; then
     # Below Linux's ephemeral range (32768+); launches that took their ids in the same second differ by RUN_TAKEN.
     local checksum
     checksum=$(cksum <<<"$RUN_ROOT/$RUN_BASE")
     MASTER_PORT=$((20000 + (${checksum%% *} + RUN_TAKEN) % 12768))
   fi
-  WORLD_SIZE=$((${#HOSTS[@]} * GPUS_PER_NODE))
+  WORLD_SIZE=$((${#HOSTS[@]} * SRUNSH_GPUS_PER_NODE))
 }
 
 # What every rank inherits; a value the user already set wins. README's "Network environment" says why each EFA-era
@@ -247,10 +250,11 @@ export_rank_env() {
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # one process per GPU already: no CPU oversubscription
   export NCCL_GIN_TYPE=${NCCL_GIN_TYPE:-2}        # DeepEP's GIN via NCCL's proxy path (EFA's GDA mode needs NCCL 2.31+)
   export DEEP_EP_BACKEND=${DEEP_EP_BACKEND:-nccl} # DeepEP dispatch/combine over NCCL GIN, not NVSHMEM
-  export MASTER_ADDR MASTER_PORT RUN_ID WORLD_SIZE LOCAL_WORLD_SIZE NSYS
-  export RUN_DIR=$RUN_ROOT_IN/$RUN_ID # as the ranks see it
+  export MASTER_ADDR MASTER_PORT WORLD_SIZE LOCAL_WORLD_SIZE
+  export RUN_ID=$SRUNSH_RUN_ID NSYS=$SRUNSH_NSYS # the ranks' names for them (launcher/outputs.py, launcher/nsys.py)
+  export RUN_DIR=$RUN_ROOT_IN/$SRUNSH_RUN_ID # as the ranks see it
   export SRUN_SH_NSYS=$USE_NSYS       # entrypoint.py runs the profiled ranks under nsys
-  ((!USE_CONTAINER)) || export SRUN_SH_IMAGE=$SQSH # named in entrypoint.py's error when the image lacks the stack
+  ((!USE_CONTAINER)) || export SRUN_SH_IMAGE=$SRUNSH_SQSH # named in entrypoint.py's error when the image lacks it
   [[ -z ${SLURM_JOB_NAME:-} ]] || export SRUN_SH_JOB_NAME=$SLURM_JOB_NAME # launch.json's: the step gets its own name
   ((!USE_CONTAINER)) || export SRUN_SH_MOUNT=$CONTAINER_MOUNTS # named in entrypoint.py's error when a data path is outside it
   unset RANK LOCAL_RANK               # the rank takes them from SLURM or torchrun
@@ -260,18 +264,19 @@ export_rank_env() {
 # --ntasks-per-node=1, --cpus-per-task, cyclic placement) changes where the ranks go; or, with --local, torchrun.
 launch_command() {
   if ((LOCAL)); then
-    LAUNCH_CMD=("$PYTHON" -m torch.distributed.run --nnodes=1 --nproc-per-node="$GPUS_PER_NODE"
+    LAUNCH_CMD=("$SRUNSH_PYTHON" -m torch.distributed.run --nnodes=1 --nproc-per-node="$SRUNSH_GPUS_PER_NODE"
       --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "${RANK_CMD[@]}")
     return
   fi
-  LAUNCH_CMD=(srun --nodes="${#HOSTS[@]}" --ntasks="$WORLD_SIZE" --ntasks-per-node="$GPUS_PER_NODE")
+  LAUNCH_CMD=(srun --nodes="${#HOSTS[@]}" --ntasks="$WORLD_SIZE" --ntasks-per-node="$SRUNSH_GPUS_PER_NODE")
   [[ -z $CPUS_PER_RANK ]] || LAUNCH_CMD+=(--cpus-per-task="$CPUS_PER_RANK")
-  LAUNCH_CMD+=(--distribution=block --mpi=none --kill-on-bad-exit=1 --job-name="srunsh-$RUN_ID")
+  LAUNCH_CMD+=(--distribution=block --mpi=none --kill-on-bad-exit=1 --job-name="srunsh-$SRUNSH_RUN_ID")
   # Started from inside a job step (srun ... ./srun.sh, srun --pty bash): share that step's resources.
   [[ -z ${SLURM_STEP_ID:-} ]] || LAUNCH_CMD+=(--overlap)
   if ((USE_CONTAINER)); then
-    LAUNCH_CMD+=(--container-image="$SQSH" --container-mounts="$CONTAINER_MOUNTS" --container-workdir="$TASK_WORKDIR")
-    [[ -z $CONTAINER_NAME ]] || LAUNCH_CMD+=(--container-name="$CONTAINER_NAME")
+    LAUNCH_CMD+=(--container-image="$SRUNSH_SQSH" --container-mounts="$CONTAINER_MOUNTS"
+      --container-workdir="$TASK_WORKDIR")
+    [[ -z $SRUNSH_CONTAINER_NAME ]] || LAUNCH_CMD+=(--container-name="$SRUNSH_CONTAINER_NAME")
   fi
   LAUNCH_CMD+=("${SRUN_EXTRA[@]}" "${RANK_CMD[@]}")
 }
@@ -287,8 +292,8 @@ print_dry_run() {
     WORLD_SIZE LOCAL_WORLD_SIZE NSYS SRUN_SH_NSYS; do
     printf 'export %s=%q\n' "$name" "${!name}"
   done
-  if ((HEALTH && !HEALTH_ONLY)); then
-    echo "# Health check, run first (HEALTH=1):"
+  if ((SRUNSH_HEALTH && !HEALTH_ONLY)); then
+    echo "# Health check, run first (SRUNSH_HEALTH=1):"
     quoted "${HEALTH_CMD[@]}"
   fi
   echo "# Launch command:"
@@ -309,18 +314,18 @@ main() {
     --batch-job)
       shift
       BATCH_JOB=1
-      RUN_ID=${RUN_ID:-${SLURM_JOB_ID:?--batch-job runs only as the batch script of srun.sh --sbatch}}
+      SRUNSH_RUN_ID=${SRUNSH_RUN_ID:-${SLURM_JOB_ID:?--batch-job runs only as the batch script of srun.sh --sbatch}}
       ;;
   esac
   parse_args "$@"
   validate
   resolve_job
   export_rank_env
-  local python_cmd=("$PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
-  ((!HEALTH_ONLY)) || python_cmd=("$PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
+  local python_cmd=("$SRUNSH_PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
+  ((!HEALTH_ONLY)) || python_cmd=("$SRUNSH_PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
   RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}")
   launch_command
-  ((!HEALTH)) || health_check_command
+  ((!SRUNSH_HEALTH)) || health_check_command
   if ((DRY_RUN)); then
     print_dry_run
     exit 0
@@ -329,12 +334,12 @@ main() {
   rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status "$HOST_RUN_DIR/logs/usage-error"
   local how="new run"
   ((RESUMING)) && how="resuming run"
-  echo "# srun.sh: ${#HOSTS[@]} node(s) x $GPUS_PER_NODE rank(s), $how $RUN_ID in $HOST_RUN_DIR," \
+  echo "# srun.sh: ${#HOSTS[@]} node(s) x $SRUNSH_GPUS_PER_NODE rank(s), $how $SRUNSH_RUN_ID in $HOST_RUN_DIR," \
     "master $MASTER_ADDR:$MASTER_PORT; each rank runs:" >&2
   quoted "${python_cmd[@]}" >&2
 
   trap_stop_signals
-  ((!HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
+  ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
   local status=0
   launch_watched "${LAUNCH_CMD[@]}" || status=$? # launcher/hang.sh
   if [[ -n $STOPPED_BY ]]; then

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     order = [(None, launch) for _ in range(args.warmup) for launch in "AB"] + launches.ab_rounds(args.rounds)
     launches.fix_dataset_helpers()
     for index, (round_index, launch) in enumerate(order):
-        env = {"GPUS_PER_NODE": str(args.gpus)}
+        env = {"SRUNSH_GPUS_PER_NODE": str(args.gpus)}
         finished = launches.run(result["commands"][launch], runs_dir / f"{index}-{launch}", args.timeout, env)
         mark = marks(finished.lines)
         row = {"round": round_index, "launch": launch, "returncode": finished.returncode, "wall_s": finished.wall_s}

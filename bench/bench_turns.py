@@ -164,7 +164,7 @@ def drift_text(drift: dict) -> str:
 
 
 def env_text(arm: dict) -> str:
-    extra = {k: v for k, v in arm["env"].items() if k != "GPUS_PER_NODE"}
+    extra = {k: v for k, v in arm["env"].items() if k != "SRUNSH_GPUS_PER_NODE"}
     return f" with {' '.join(f'{k}={v}' for k, v in extra.items())}" if extra else ""
 
 

@@ -3,8 +3,9 @@ timed as it arrives, and the numbers Megatron Bridge wrote to TensorBoard during
 
 A is our launch, `srun.sh --local`. B is the upstream one: torchrun running bench/upstream_pretrain.py, which builds
 the same recipe with the same overrides and calls Megatron Bridge's pretrain. Each launch runs in a directory of its
-own, its working directory and OUTPUT_ROOT: upstream recipes write TensorBoard below the working directory and
-entrypoint.py writes it into the run directory below OUTPUT_ROOT, so either way the launch's event files are below it.
+own, its working directory and SRUNSH_OUTPUT_ROOT: upstream recipes write TensorBoard below the working directory and
+entrypoint.py writes it into the run directory below SRUNSH_OUTPUT_ROOT, so either way the launch's event files are
+below it.
 """
 
 import contextlib
@@ -88,15 +89,20 @@ class Finished:
 
 
 class Launch:
-    """One launch in flight, in `directory` (its working directory and OUTPUT_ROOT): its console lines, each with the
-    seconds after the start at which it arrived, and its process tree, which can be paused and resumed as a whole so
+    """One launch in flight, in `directory` (its working directory and SRUNSH_OUTPUT_ROOT): its console lines, each with
+    the seconds after the start at which it arrived, and its process tree, which can be paused and resumed as a whole so
     that launches take turns on the same GPUs. close() writes the console to directory/console.log."""
 
     def __init__(self, command: list[str], directory: Path, env: dict[str, str] | None = None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         # Unbuffered, so that each line arrives when it is printed; every launch gets the same environment.
-        environment = {**os.environ, "OUTPUT_ROOT": str(directory / "outputs"), "PYTHONUNBUFFERED": "1", **(env or {})}
+        environment = {
+            **os.environ,
+            "SRUNSH_OUTPUT_ROOT": str(directory / "outputs"),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             command,

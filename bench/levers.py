@@ -199,7 +199,7 @@ def arms(plan: Plan, gpus: int, settle: int) -> dict[str, turns.Arm]:
         built[name] = turns.Arm(
             name=name,
             command=tuple(command),
-            env={"GPUS_PER_NODE": str(gpus), **dict(change.env)},
+            env={"SRUNSH_GPUS_PER_NODE": str(gpus), **dict(change.env)},
             tokens_per_step=tokens_per_step(plan, name, gpus),
             gpus=gpus,
             warmup_steps=change.warmup_steps,

@@ -1,7 +1,7 @@
 """The data a run trains on, checked where the ranks will read it, before any of them joins the job.
 
 Each dataset of the blend (data_paths=, or dataset.blend / blend_per_split / data_path) must have its PREFIX.bin and
-PREFIX.idx, seen from inside the container (srun.sh exports MOUNT as SRUN_SH_MOUNT to say so when they are not); the
+PREFIX.idx, seen from inside the container (srun.sh exports SRUNSH_MOUNT as SRUN_SH_MOUNT to say when they are not); the
 index must describe exactly the bytes of the data file (its header's dtype and its last sequence's end); the token ids
 must fit the tokenizer's vocabulary (the dtype from the header, the ids from a sample of sequences, never the whole
 file); and real data needs a real tokenizer. Each failure is a one-line UsageError. describe() is the line a run
@@ -55,7 +55,7 @@ def check_data(cfg: ConfigContainer) -> None:
 
 
 def container_mounts() -> list[str] | None:
-    """The MOUNT destinations when the ranks run in srun.sh's container (SRUN_SH_MOUNT), else None."""
+    """The SRUNSH_MOUNT destinations when the ranks run in srun.sh's container (SRUN_SH_MOUNT), else None."""
     mount = os.environ.get("SRUN_SH_MOUNT")
     if not mount:
         return None
@@ -63,14 +63,14 @@ def container_mounts() -> list[str] | None:
 
 
 def outside_mounts(path: str) -> str | None:
-    """The reason a missing path cannot be seen in the container, when it lies outside every MOUNT destination."""
+    """The reason a missing path cannot be seen in the container, outside every SRUNSH_MOUNT destination."""
     destinations = container_mounts()
     absolute = Path(path).absolute()
     if destinations is None or any(absolute.is_relative_to(destination) for destination in destinations):
         return None
     return (
-        f"is outside every MOUNT destination ({', '.join(destinations)}), so the ranks cannot see it in the"
-        f" container: add its folder to MOUNT (now {os.environ['SRUN_SH_MOUNT']}) and give the path it has there"
+        f"is outside every SRUNSH_MOUNT destination ({', '.join(destinations)}), so the ranks cannot see it in the"
+        f" container: add its folder to SRUNSH_MOUNT (now {os.environ['SRUN_SH_MOUNT']}) and give the path it has there"
     )
 
 

@@ -3,7 +3,7 @@
 When training raises, Megatron Bridge 0.6.2's pretrain() logs the error (logger.exception, in its pretrain module)
 and then aborts the process groups before it re-raises. On the H200 that abort never returned (a CUDA-graph capture
 error under Megatron FSDP, bench/results/per-step-ab.md): the rank neither trained nor exited, so srun did not stop
-the other ranks, and the job sat until srun.sh's hang watch fired (HANG_TIMEOUT_S, 300 s at least). The error's log
+the other ranks, and the job sat until srun.sh's hang watch (SRUNSH_HANG_TIMEOUT_S, 300 s or more). The error's log
 record starts a timer instead; when it runs out the rank says so and exits 1, and srun.sh reports it as the rank that
 failed first, with the error at the end of its log.
 """

@@ -1,14 +1,14 @@
 # shellcheck shell=bash
 # srun.sh's hang report. While the ranks train, launcher/hang_watch.py reads rank 0's step record and, once no step
-# has completed for HANG_TIMEOUT_S, sends srun.sh SIGUSR2. Then, and whenever the launch is stopped (SIGINT,
+# has completed for SRUNSH_HANG_TIMEOUT_S, sends srun.sh SIGUSR2. Then, and whenever the launch is stopped (SIGINT,
 # SIGTERM, the batch time limit), launcher/hang_report.py asks every rank for its Python stacks and torch's flight
 # recorder (SIGUSR2, answered by launcher/hang_dumps.py) before any rank is signalled to stop, and writes
 # RUN_DIR/hang-report.txt. Sourced by srun.sh, whose variables and helpers (die, q, launch, launch_step) it uses.
 
 validate_hang_knobs() {
-  [[ -z $HANG_TIMEOUT_S || $HANG_TIMEOUT_S == off ]] || is_positive_int "$HANG_TIMEOUT_S" ||
-    die "HANG_TIMEOUT_S=$(q "$HANG_TIMEOUT_S") is not a positive number of seconds:" \
-      "e.g. HANG_TIMEOUT_S=900, off, or unset for the default"
+  [[ -z $SRUNSH_HANG_TIMEOUT_S || $SRUNSH_HANG_TIMEOUT_S == off ]] || is_positive_int "$SRUNSH_HANG_TIMEOUT_S" ||
+    die "SRUNSH_HANG_TIMEOUT_S=$(q "$SRUNSH_HANG_TIMEOUT_S") is not a positive number of seconds:" \
+      "e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default"
   command -v python3 >/dev/null ||
     die "python3 is not found on this host: srun.sh's health check and hang report run it; install python3"
 }
@@ -18,8 +18,9 @@ launch_watched() {
   HUNG='' HANG_WATCH_PID=''
   rm -rf -- "$HOST_RUN_DIR/hang" # an earlier launch's records: the ranks register afresh
   trap stop_hung_launch USR2
-  if [[ $HANG_TIMEOUT_S != off ]]; then
-    python3 "$REPO_DIR/launcher/hang_watch.py" "$HOST_RUN_DIR" --timeout "${HANG_TIMEOUT_S:-default}" --notify "$$" &
+  if [[ $SRUNSH_HANG_TIMEOUT_S != off ]]; then
+    python3 "$REPO_DIR/launcher/hang_watch.py" "$HOST_RUN_DIR" --timeout "${SRUNSH_HANG_TIMEOUT_S:-default}" \
+      --notify "$$" &
     HANG_WATCH_PID=$!
   fi
   HANG_REPORT_DUE=1
@@ -53,5 +54,5 @@ collect_hang_report() {
   fi
   printf -v nodes '%s,' "${HOSTS[@]}"
   python3 "$REPO_DIR/launcher/hang_report.py" "$HOST_RUN_DIR" --why "$1" --world-size "$WORLD_SIZE" \
-    --nodes "${nodes%,}" --ranks-per-node "$GPUS_PER_NODE" "${target[@]}" || true
+    --nodes "${nodes%,}" --ranks-per-node "$SRUNSH_GPUS_PER_NODE" "${target[@]}" || true
 }

@@ -5,8 +5,8 @@ training step has completed for too long, tells srun.sh (SIGUSR2 to its pid), wh
     python3 launcher/hang_watch.py RUN_DIR --timeout SECONDS|default --notify PID
 
 How long is too long: before the first step (start-up: imports, checkpoint loading, dataset indexes), 20 minutes;
-then HANG_TIMEOUT_S seconds, by default 10 times the longest time between two records so far (evaluation and logging
-steps included), at least 5 minutes. A HANG_TIMEOUT_S longer than 20 minutes applies to the start too (start-up
+then SRUNSH_HANG_TIMEOUT_S seconds, by default 10 times the longest time between two records (evaluation and logging
+steps included), at least 5 minutes. A SRUNSH_HANG_TIMEOUT_S longer than 20 minutes applies to the start too (start-up
 legitimately takes longer than a step, hence nvidia-resiliency-ext's separate initial and subsequent heartbeat
 timeouts). A checkpoint save, and the time after training ended, do not count. It runs on the launching host with
 the standard library only, and ends when srun.sh, its parent, does.
@@ -62,7 +62,7 @@ class StallClock:
         if self.last is None:
             limit = f"the limit before the first step, {self.limit():g} s"
         elif self.fixed_s is not None:
-            limit = f"HANG_TIMEOUT_S={self.fixed_s:g}"
+            limit = f"SRUNSH_HANG_TIMEOUT_S={self.fixed_s:g}"
         else:
             limit = (
                 f"the limit: {FACTOR:g} x the longest time between steps so far ({self.longest_gap:.0f} s),"

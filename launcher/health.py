@@ -1,4 +1,4 @@
-"""One rank of srun.sh's health check (`./srun.sh --health`, or HEALTH=1 before a launch): started by srun.sh exactly
+"""One rank of srun.sh's health check (`./srun.sh --health`, or SRUNSH_HEALTH=1 first): started by srun.sh exactly
 as a training rank is (`srun.sh --rank-exec`: the same srun step, container, environment and torch.distributed over
 the NCCL and network plugin the job uses), it tests its GPU, its node and the network, and records each part in
 RUN_DIR/health/rank-R.json as it goes. launcher/health_report.py, on the launching host, enforces each part's

@@ -1,28 +1,32 @@
 # shellcheck shell=bash disable=SC2034  # what it sets (RECIPE, OVERRIDES, HEALTH_CMD) srun.sh reads
-# srun.sh's health check (`--health`, or HEALTH=1 before a launch or a batch job): every rank runs launcher/health.py
+# srun.sh's health check (`--health`, or SRUNSH_HEALTH=1 before a launch or a batch job): every rank runs
+# launcher/health.py
 # in the launch's own srun step (geometry, container, environment), and launcher/health_report.py on this host
 # enforces each part's deadline and prints the table. A batch job whose check fails requeues itself without the
 # nodes that failed. Sourced by srun.sh, whose variables and helpers (die, q, launch, requeue_batch_job) it uses.
 
 validate_health_knobs() {
-  [[ $HEALTH == [01] ]] || die "HEALTH=$(q "$HEALTH") is not 0 or 1: HEALTH=1 runs the health check before the launch"
-  is_positive_int "$HEALTH_TIMEOUT_S" ||
-    die "HEALTH_TIMEOUT_S=$(q "$HEALTH_TIMEOUT_S") is not a positive number of seconds: e.g. HEALTH_TIMEOUT_S=60"
+  [[ $SRUNSH_HEALTH == [01] ]] ||
+    die "SRUNSH_HEALTH=$(q "$SRUNSH_HEALTH") is not 0 or 1: SRUNSH_HEALTH=1 runs the health check before the launch"
+  is_positive_int "$SRUNSH_HEALTH_TIMEOUT_S" ||
+    die "SRUNSH_HEALTH_TIMEOUT_S=$(q "$SRUNSH_HEALTH_TIMEOUT_S") is not a positive number of seconds:" \
+      "e.g. SRUNSH_HEALTH_TIMEOUT_S=60"
 }
 
-# --health: the check is the whole launch. Its RECIPE is launcher/health.py, so the run is OUTPUT_ROOT/health/RUN_ID.
+# --health: the check is the whole launch. Its RECIPE is launcher/health.py, so the run is
+# SRUNSH_OUTPUT_ROOT/health/SRUNSH_RUN_ID.
 health_only_args() {
   (($# == 0)) || die "--health runs the health check alone, so $(q "$1") has no place here:" \
-    "drop it, or check before a launch with HEALTH=1 ./srun.sh RECIPE.py"
+    "drop it, or check before a launch with SRUNSH_HEALTH=1 ./srun.sh RECIPE.py"
   ((!USE_NSYS)) || die "--nsys profiles training, and --health trains nothing: drop one of them"
-  HEALTH=1 RECIPE=$REPO_DIR/launcher/health.py
+  SRUNSH_HEALTH=1 RECIPE=$REPO_DIR/launcher/health.py
   OVERRIDES=()
 }
 
 # HEALTH_CMD: the launch command with launcher/health.py as every rank's program.
 health_check_command() {
   local training=("${RANK_CMD[@]}")
-  RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "$PYTHON" "$CODE_DIR/launcher/health.py")
+  RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "$SRUNSH_PYTHON" "$CODE_DIR/launcher/health.py")
   launch_command
   HEALTH_CMD=("${LAUNCH_CMD[@]}")
   RANK_CMD=("${training[@]}")
@@ -34,11 +38,11 @@ health_check_command() {
 check_health() {
   local status=0 nodes
   printf -v nodes '%s,' "${HOSTS[@]}"
-  echo "# srun.sh: health check of ${#HOSTS[@]} node(s) x $GPUS_PER_NODE rank(s), each part within" \
-    "${HEALTH_TIMEOUT_S}s (HEALTH_TIMEOUT_S)" >&2
+  echo "# srun.sh: health check of ${#HOSTS[@]} node(s) x $SRUNSH_GPUS_PER_NODE rank(s), each part within" \
+    "${SRUNSH_HEALTH_TIMEOUT_S}s (SRUNSH_HEALTH_TIMEOUT_S)" >&2
   rm -f -- "$HOST_RUN_DIR/health.json"
-  launch python3 "$REPO_DIR/launcher/health_report.py" "$HOST_RUN_DIR" --timeout "$HEALTH_TIMEOUT_S" \
-    --nodes "${nodes%,}" --ranks-per-node "$GPUS_PER_NODE" -- "${HEALTH_CMD[@]}" || status=$?
+  launch python3 "$REPO_DIR/launcher/health_report.py" "$HOST_RUN_DIR" --timeout "$SRUNSH_HEALTH_TIMEOUT_S" \
+    --nodes "${nodes%,}" --ranks-per-node "$SRUNSH_GPUS_PER_NODE" -- "${HEALTH_CMD[@]}" || status=$?
   rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status # the check's ranks': the launch's own first-failure report reads these
   [[ -z $STOPPED_BY ]] || exit $((128 + $(kill -l "$STOPPED_BY")))
   if [[ ! -s $HOST_RUN_DIR/health.json ]]; then

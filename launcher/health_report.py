@@ -6,7 +6,7 @@ RUN_DIR/health.json: node, ranks, each figure, a verdict, and every outlier name
 
 The table goes to stdout.
 Exit status 0 when every node passes, 1 otherwise; RUN_DIR/health/failed-nodes then lists the nodes to exclude
-(a batch job with HEALTH=1 excludes them before it requeues itself). A node fails when a figure of it is more than
+(a batch job with SRUNSH_HEALTH=1 excludes them when it requeues itself). A node fails when a figure of it is more than
 10% below the job's median (and further than the job's samples spread), when a rank of it reports an error, or
 when the check hangs there: a rank that stays in one part longer than the deadline is stuck, and the blame goes
 to the members of its group that never reached that part, else to the group itself (its node, or its pair of

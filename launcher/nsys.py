@@ -52,5 +52,6 @@ def exec_under_nsys(command: list[str]) -> None:
         os.execvp(command[0], command)
     except FileNotFoundError:
         raise UsageError(
-            f"--nsys needs nsys, but NSYS={command[0]!r} is not found on {HOST}: install it in the image or set NSYS"
+            f"--nsys needs nsys, but SRUNSH_NSYS={command[0]!r} is not found on {HOST}:"
+            " install it in the image or set SRUNSH_NSYS"
         ) from None

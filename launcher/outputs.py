@@ -23,7 +23,7 @@ RECORDED_ENV_NAMES = frozenset(
     {
         # the job and this rank's place in it
         *("RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
-        *("GPUS_PER_NODE", "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME"),
+        *("SRUNSH_GPUS_PER_NODE", "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME"),
         *("SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_ID"),
         *("SLURM_GPUS_PER_NODE", "SLURM_GPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_RESTART_COUNT"),
         # CUDA, PyTorch, threads
@@ -74,7 +74,7 @@ def place_outputs(cfg: ConfigContainer, directory: Path) -> None:
 
 
 def load_own_checkpoints(cfg: ConfigContainer) -> None:
-    """A run resumes from its own checkpoints (a requeued job, RUN_ID=<earlier run>), but some upstream recipes (the
+    """A run resumes from its own checkpoints (a requeued job, SRUNSH_RUN_ID=<earlier>), but some upstream recipes (the
     vanilla GPT one) save without loading. A new run's directory holds none, and Megatron Bridge then starts fresh."""
     if cfg.checkpoint.load is None:
         cfg.checkpoint.load = cfg.checkpoint.save

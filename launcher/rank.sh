@@ -19,7 +19,7 @@ record_rank_status() {
   (umask 077 && printf '%s %s %s\n' "$1" "$(date +%s.%N)" "$(uname -n)" >"$RUN_DIR/logs/rank-$RANK.status")
 }
 
-# A rank without a GPU of its own: the hint names what can work (GPUS_PER_NODE=0 cannot).
+# A rank without a GPU of its own: the hint names what can work (SRUNSH_GPUS_PER_NODE=0 cannot).
 check_rank_gpu() {
   local visible
   visible=$(visible_gpus)
@@ -30,7 +30,7 @@ check_rank_gpu() {
   if ((visible == 0)); then
     rank_fails "$rank sees no GPU ($devices): allocate GPUs for the job ($allocate)"
   fi
-  rank_fails "$rank sees $visible GPU(s) ($devices): set GPUS_PER_NODE=$visible or allocate" \
+  rank_fails "$rank sees $visible GPU(s) ($devices): set SRUNSH_GPUS_PER_NODE=$visible or allocate" \
     "$LOCAL_WORLD_SIZE GPUs a node ($allocate)"
 }
 
@@ -71,7 +71,7 @@ exec_rank() {
   local error
   error=$(umask 077 && mkdir -p -- "$RUN_DIR/logs" 2>&1) ||
     die "rank $RANK on $(uname -n) cannot write its log in $(q "$RUN_DIR/logs") (${error##*: }):" \
-      "OUTPUT_ROOT must be writable on every node"
+      "SRUNSH_OUTPUT_ROOT must be writable on every node"
   check_rank_gpu
   export_gloo_interface
 

@@ -8,20 +8,22 @@
 claim_run_dir() {
   local error
   error=$(umask 077 && mkdir -p -- "$RUN_ROOT" 2>&1) ||
-    die "cannot create the run folder $(q "$RUN_ROOT") (${error##*: }): set OUTPUT_ROOT to a folder you can write"
+    die "cannot create the run folder $(q "$RUN_ROOT") (${error##*: }):" \
+      "set SRUNSH_OUTPUT_ROOT to a folder you can write"
   RUN_TAKEN=0 RESUMING=0
   if ((NEW_RUN)); then
-    until error=$(umask 077 && mkdir -- "$RUN_ROOT/$RUN_ID" 2>&1); do
-      [[ -e $RUN_ROOT/$RUN_ID ]] ||
-        die "cannot create the run folder $(q "$RUN_ROOT/$RUN_ID") (${error##*: }): set OUTPUT_ROOT to a folder you can write"
+    until error=$(umask 077 && mkdir -- "$RUN_ROOT/$SRUNSH_RUN_ID" 2>&1); do
+      [[ -e $RUN_ROOT/$SRUNSH_RUN_ID ]] ||
+        die "cannot create the run folder $(q "$RUN_ROOT/$SRUNSH_RUN_ID") (${error##*: }):" \
+          "set SRUNSH_OUTPUT_ROOT to a folder you can write"
       RUN_TAKEN=$((RUN_TAKEN + 1))
-      RUN_ID=$RUN_BASE-$((RUN_TAKEN + 1))
+      SRUNSH_RUN_ID=$RUN_BASE-$((RUN_TAKEN + 1))
     done
   else
-    [[ ! -d $RUN_ROOT/$RUN_ID ]] || RESUMING=1
+    [[ ! -d $RUN_ROOT/$SRUNSH_RUN_ID ]] || RESUMING=1
   fi
-  (umask 077 && mkdir -p -- "$RUN_ROOT/$RUN_ID/logs")
-  lock_run "$RUN_ROOT/$RUN_ID/.lock"
+  (umask 077 && mkdir -p -- "$RUN_ROOT/$SRUNSH_RUN_ID/logs")
+  lock_run "$RUN_ROOT/$SRUNSH_RUN_ID/.lock"
 }
 
 # Holds the lock (flock) on FILE until srun.sh and the processes it starts have ended, and notes who holds it.
@@ -34,10 +36,11 @@ lock_run() {
   umask "$old_umask"
   flock --nonblock --conflict-exit-code 75 "$RUN_LOCK" 2>/dev/null || status=$?
   if ((status == 75)); then
-    die "run $RUN_ID is still running ($(<"$file")): wait for it to end, or leave RUN_ID unset for a new run"
+    die "run $SRUNSH_RUN_ID is still running ($(<"$file")):" \
+      "wait for it to end, or leave SRUNSH_RUN_ID unset for a new run"
   elif ((status)); then
     echo "srun.sh: $file cannot be locked on this file system (flock exit status $status), so a second launch" \
-      "of run $RUN_ID is not refused while this one runs" >&2
+      "of run $SRUNSH_RUN_ID is not refused while this one runs" >&2
   fi
   printf 'srun.sh pid %s on %s%s\n' "$$" "$(uname -n)" "${SLURM_JOB_ID:+, job $SLURM_JOB_ID}" >"$file"
 }

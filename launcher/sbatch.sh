@@ -55,17 +55,20 @@ submit_batch() {
     [[ $arg == --dry-run ]] || launch+=("$arg")
   done
   ((!LOCAL)) || die "--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch"
-  is_positive_int "$SAVE_LEAD_S" || die "SAVE_LEAD_S=$(q "$SAVE_LEAD_S") is not a number of seconds: e.g. SAVE_LEAD_S=300"
-  [[ $MAX_RETRIES =~ ^[0-9]+$ ]] || die "MAX_RETRIES=$(q "$MAX_RETRIES") is not a count: e.g. MAX_RETRIES=2"
+  is_positive_int "$SRUNSH_SAVE_LEAD_S" ||
+    die "SRUNSH_SAVE_LEAD_S=$(q "$SRUNSH_SAVE_LEAD_S") is not a number of seconds: e.g. SRUNSH_SAVE_LEAD_S=300"
+  [[ $SRUNSH_MAX_RETRIES =~ ^[0-9]+$ ]] ||
+    die "SRUNSH_MAX_RETRIES=$(q "$SRUNSH_MAX_RETRIES") is not a count: e.g. SRUNSH_MAX_RETRIES=2"
   validate
   local limit seconds
   limit=$(sbatch_time_limit "${sbatch_args[@]}")
   seconds=$(time_limit_seconds "$limit")
-  if [[ -n $seconds ]] && ((seconds <= SAVE_LEAD_S)); then
-    die "time limit $limit ($seconds s) leaves no time before the save SAVE_LEAD_S=$SAVE_LEAD_S s ahead of it:" \
-      "give a longer --time or a smaller SAVE_LEAD_S"
+  if [[ -n $seconds ]] && ((seconds <= SRUNSH_SAVE_LEAD_S)); then
+    die "time limit $limit ($seconds s) leaves no time before the save" \
+      "SRUNSH_SAVE_LEAD_S=$SRUNSH_SAVE_LEAD_S s ahead of it:" \
+      "give a longer --time or a smaller SRUNSH_SAVE_LEAD_S"
   fi
-  local -a submit=(sbatch --requeue --open-mode=append "--signal=B:USR1@$SAVE_LEAD_S")
+  local -a submit=(sbatch --requeue --open-mode=append "--signal=B:USR1@$SRUNSH_SAVE_LEAD_S")
   [[ " ${sbatch_args[*]} " == *" -o"* || " ${sbatch_args[*]} " == *" --output"* ]] ||
     submit+=("--output=$RUN_ROOT/slurm-%j.out")
   submit+=("${sbatch_args[@]}")
@@ -84,24 +87,25 @@ submit_batch() {
   (umask 077 && mkdir -p -- "$RUN_ROOT")
   job=$("${submit[@]}" --parsable <<<"$script")
   job=${job%%;*}
-  echo "srun.sh: submitted batch job $job: run ${RUN_ID:-$job}, outputs in $RUN_ROOT/${RUN_ID:-$job}/," \
+  echo "srun.sh: submitted batch job $job: run ${SRUNSH_RUN_ID:-$job}, outputs in $RUN_ROOT/${SRUNSH_RUN_ID:-$job}/," \
     "rank logs in its logs/, the job's log in $RUN_ROOT/slurm-$job.out"
   exit 0
 }
 
-# SLURM signals USR1 SAVE_LEAD_S before the time limit (sbatch --signal=B:USR1@SAVE_LEAD_S).
+# SLURM signals USR1 SRUNSH_SAVE_LEAD_S before the time limit (sbatch --signal=B:USR1@SRUNSH_SAVE_LEAD_S).
 trap_time_limit() {
   TIME_LIMIT_REACHED=0
   trap save_before_time_limit USR1
 }
 
-# The batch job is SAVE_LEAD_S from its time limit (sbatch --signal=B:USR1): every rank gets SIGTERM, on which
+# The batch job is SRUNSH_SAVE_LEAD_S from its time limit (sbatch --signal=B:USR1): every rank gets SIGTERM, on which
 # Megatron Bridge saves a checkpoint and stops; the job then requeues itself.
 # shellcheck disable=SC2329  # invoked by the trap that trap_time_limit sets
 save_before_time_limit() {
   TIME_LIMIT_REACHED=1
-  echo "srun.sh: job $SLURM_JOB_ID reaches its time limit in ${SAVE_LEAD_S}s: SIGTERM to every rank to save and stop" >&2
-  collect_hang_report "the job's time limit is ${SAVE_LEAD_S}s away" # launcher/hang.sh
+  echo "srun.sh: job $SLURM_JOB_ID reaches its time limit in ${SRUNSH_SAVE_LEAD_S}s:" \
+    "SIGTERM to every rank to save and stop" >&2
+  collect_hang_report "the job's time limit is ${SRUNSH_SAVE_LEAD_S}s away" # launcher/hang.sh
   local step
   step=$(launch_step)
   [[ -z $step ]] || scancel --signal=TERM "$step" || true
@@ -116,9 +120,9 @@ requeue_batch_job() {
     reason="saved before the time limit (exit status $status)"
   elif ((status)) && [[ -z $STOPPED_BY ]]; then
     failures=$(grep -c ': failed ' "$history" 2>/dev/null) || true
-    if ((${failures:-0} >= MAX_RETRIES)); then
+    if ((${failures:-0} >= SRUNSH_MAX_RETRIES)); then
       echo "srun.sh: job $SLURM_JOB_ID failed, and is not requeued: it was requeued after ${failures:-0}" \
-        "failure(s) already (MAX_RETRIES=$MAX_RETRIES)" >&2
+        "failure(s) already (SRUNSH_MAX_RETRIES=$SRUNSH_MAX_RETRIES)" >&2
       return "$status"
     fi
     reason=${2:-"failed with exit status $status"}
@@ -126,6 +130,6 @@ requeue_batch_job() {
     return "$status"
   fi
   printf '%s job %s restart %s: %s\n' "$(date +%FT%T)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$reason" >>"$history"
-  echo "srun.sh: $reason: requeueing job $SLURM_JOB_ID, which resumes run $RUN_ID from its latest checkpoint" >&2
+  echo "srun.sh: $reason: requeueing job $SLURM_JOB_ID, which resumes run $SRUNSH_RUN_ID from its latest checkpoint" >&2
   scontrol requeue "$SLURM_JOB_ID" || return "$status"
 }

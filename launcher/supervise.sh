@@ -55,7 +55,7 @@ stop_ranks() {
 # shellcheck disable=SC2329  # invoked by the functions the traps run
 launch_step() {
   squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' 2>/dev/null |
-    awk -v name="srunsh-$RUN_ID" '$2 == name { print $1; exit }' || true
+    awk -v name="srunsh-$SRUNSH_RUN_ID" '$2 == name { print $1; exit }' || true
 }
 
 trap_stop_signals() {
@@ -138,7 +138,7 @@ launch_notes() {
 }
 
 # No rank ended (none started, or none could record its end): the end of what srun or torchrun said, which holds the
-# cause (a container pyxis could not create, a step SLURM refused, a PYTHON without torch).
+# cause (a container pyxis could not create, a step SLURM refused, a SRUNSH_PYTHON without torch).
 report_launcher_notes() {
   local notes said="srun said"
   notes=$(launch_notes | grep -E -v ': tasks? [0-9,-]+: Exited with exit code [0-9]+$' | tail -n 20) || true

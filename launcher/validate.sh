@@ -31,22 +31,23 @@ min_cpus_per_node() {
   printf '%s\n' "$min"
 }
 
-# MOUNT split into its entries: MOUNT_SRCS (absolute; or pyxis's tmpfs and umount), MOUNT_DSTS, MOUNT_FLAGS, and
-# CONTAINER_MOUNTS, MOUNT as pyxis gets it. pyxis takes a source that starts with neither / nor ./ for neither a path
-# nor anything else, and refuses the whole step on every node, so relative sources are made absolute here.
+# SRUNSH_MOUNT split into its entries: MOUNT_SRCS (absolute; or pyxis's tmpfs and umount), MOUNT_DSTS, MOUNT_FLAGS, and
+# CONTAINER_MOUNTS, SRUNSH_MOUNT as pyxis gets it. pyxis takes a source that starts with neither / nor ./ for neither a
+# path nor anything else, and refuses the whole step on every node, so relative sources are made absolute here.
 parse_mounts() {
   MOUNT_SRCS=() MOUNT_DSTS=() MOUNT_FLAGS=()
   local -a entries given=()
   local entry src dst flags rest
-  IFS=, read -ra entries <<<"$MOUNT"
+  IFS=, read -ra entries <<<"$SRUNSH_MOUNT"
   for entry in "${entries[@]}"; do
     IFS=: read -r src dst flags rest <<<"$entry"
     if [[ -z $src || $dst != /* || -n $rest ]]; then
-      die "MOUNT entry $(q "$entry") is not SRC:DST[:FLAGS] with an absolute DST:" \
-        "fix MOUNT, e.g. MOUNT=$(q "$REPO_DIR:/workspace/megatron")"
+      die "SRUNSH_MOUNT entry $(q "$entry") is not SRC:DST[:FLAGS] with an absolute DST:" \
+        "fix SRUNSH_MOUNT, e.g. SRUNSH_MOUNT=$(q "$REPO_DIR:/workspace/megatron")"
     fi
     if [[ $src != tmpfs && $src != umount ]]; then
-      [[ -e $src ]] || die "MOUNT source $(q "$src") does not exist on this host: create it or drop it from MOUNT"
+      [[ -e $src ]] ||
+        die "SRUNSH_MOUNT source $(q "$src") does not exist on this host: create it or drop it from SRUNSH_MOUNT"
       src=$(realpath -s -- "$src")
     fi
     MOUNT_SRCS+=("$src") MOUNT_DSTS+=("$dst") MOUNT_FLAGS+=("$flags")
@@ -56,7 +57,7 @@ parse_mounts() {
   CONTAINER_MOUNTS=${given[*]}
 }
 
-# Index of the MOUNT entry whose source holds PATH, the longest such; fails when none does.
+# Index of the SRUNSH_MOUNT entry whose source holds PATH, the longest such; fails when none does.
 mount_index() {
   local path=$1 best=-1 best_len=-1 i src
   for i in "${!MOUNT_SRCS[@]}"; do
@@ -69,7 +70,7 @@ mount_index() {
   ((best >= 0)) && printf '%s\n' "$best"
 }
 
-# PATH's name inside the container, or fails when no MOUNT entry holds it.
+# PATH's name inside the container, or fails when no SRUNSH_MOUNT entry holds it.
 container_path() {
   local path=$1 i src dst
   i=$(mount_index "$path") || return 1
@@ -85,12 +86,12 @@ container_path() {
 in_container() {
   local what=$1 path=$2
   container_path "$path" ||
-    die "$what $(q "$path") is outside every MOUNT source, so the ranks cannot see it:" \
-      "add its directory to MOUNT (now $(q "$MOUNT"))"
+    die "$what $(q "$path") is outside every SRUNSH_MOUNT source, so the ranks cannot see it:" \
+      "add its directory to SRUNSH_MOUNT (now $(q "$SRUNSH_MOUNT"))"
 }
 
-# The ranks write logs, checkpoints and traces under OUTPUT_ROOT: its mount must not be read-only (pyxis's flags are
-# joined by '+', as in ro+rprivate).
+# The ranks write logs, checkpoints and traces under SRUNSH_OUTPUT_ROOT: its mount must not be read-only (pyxis's flags
+# are joined by '+', as in ro+rprivate).
 validate_output_mount() {
   local i flag
   local -a flags
@@ -98,38 +99,41 @@ validate_output_mount() {
   IFS=+ read -ra flags <<<"${MOUNT_FLAGS[i]}"
   for flag in "${flags[@]}"; do
     [[ $flag != ro ]] ||
-      die "OUTPUT_ROOT $(q "$RUN_ROOT") is in MOUNT entry $(q "${MOUNT_SRCS[i]}:${MOUNT_DSTS[i]}:${MOUNT_FLAGS[i]}")," \
-        "which the ranks see read-only: drop :ro from it, or set OUTPUT_ROOT to a folder of a writable mount"
+      die "SRUNSH_OUTPUT_ROOT $(q "$RUN_ROOT") is in SRUNSH_MOUNT entry" \
+        "$(q "${MOUNT_SRCS[i]}:${MOUNT_DSTS[i]}:${MOUNT_FLAGS[i]}")," \
+        "which the ranks see read-only: drop :ro from it, or set SRUNSH_OUTPUT_ROOT to a folder of a writable mount"
   done
 }
 
 # A squashfs file, named by its absolute path: pyxis takes a name that starts with neither / nor ./ for an image to
 # pull from a registry.
 validate_image() {
-  [[ -f $SQSH ]] || die "image SQSH=$(q "$SQSH") does not exist:" "build it with 'make build' or point SQSH at one"
+  [[ -f $SRUNSH_SQSH ]] ||
+    die "image SRUNSH_SQSH=$(q "$SRUNSH_SQSH") does not exist:" "build it with 'make build' or point SRUNSH_SQSH at one"
   local magic
-  magic=$(LC_ALL=C head -c 4 -- "$SQSH" 2>/dev/null | tr -d '\0') || true
+  magic=$(LC_ALL=C head -c 4 -- "$SRUNSH_SQSH" 2>/dev/null | tr -d '\0') || true
   [[ $magic == hsqs ]] ||
-    die "image SQSH=$(q "$SQSH") is not a squashfs file:" "build one with 'make build' or point SQSH at the .sqsh it wrote"
-  SQSH=$(realpath -s -- "$SQSH")
+    die "image SRUNSH_SQSH=$(q "$SRUNSH_SQSH") is not a squashfs file:" \
+      "build one with 'make build' or point SRUNSH_SQSH at the .sqsh it wrote"
+  SRUNSH_SQSH=$(realpath -s -- "$SRUNSH_SQSH")
 }
 
 validate_local_gpus() {
   local visible
   visible=$(visible_gpus)
-  ((visible > 0)) || [[ -n $GPUS_PER_NODE ]] ||
+  ((visible > 0)) || [[ -n $SRUNSH_GPUS_PER_NODE ]] ||
     die "--local found no GPU (CUDA_VISIBLE_DEVICES, /dev/nvidia*):" "run it on a GPU host or set CUDA_VISIBLE_DEVICES"
-  GPUS_PER_NODE=${GPUS_PER_NODE:-$visible}
-  if is_positive_int "$GPUS_PER_NODE" && ((GPUS_PER_NODE > visible)); then
-    die "GPUS_PER_NODE=$GPUS_PER_NODE but this host shows $visible GPU(s):" \
-      "lower GPUS_PER_NODE or widen CUDA_VISIBLE_DEVICES"
+  SRUNSH_GPUS_PER_NODE=${SRUNSH_GPUS_PER_NODE:-$visible}
+  if is_positive_int "$SRUNSH_GPUS_PER_NODE" && ((SRUNSH_GPUS_PER_NODE > visible)); then
+    die "SRUNSH_GPUS_PER_NODE=$SRUNSH_GPUS_PER_NODE but this host shows $visible GPU(s):" \
+      "lower SRUNSH_GPUS_PER_NODE or widen CUDA_VISIBLE_DEVICES"
   fi
 }
 
 validate_slurm_allocation() {
   if [[ -z ${SLURM_JOB_ID:-} ]]; then
     ((DRY_RUN)) || die "not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run"
-    GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+    SRUNSH_GPUS_PER_NODE=${SRUNSH_GPUS_PER_NODE:-8}
     return 0
   fi
   [[ -z ${SLURM_HET_SIZE:-} ]] ||
@@ -137,42 +141,44 @@ validate_slurm_allocation() {
       "allocate one set of identical nodes"
   local allocated=${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-}} # "4" or "h100:4"
   allocated=${allocated##*:}
-  GPUS_PER_NODE=${GPUS_PER_NODE:-${allocated:-8}}
-  is_positive_int "$GPUS_PER_NODE" || return 0 # reported by validate
-  if [[ -n $allocated ]] && ((GPUS_PER_NODE > allocated)); then
-    die "GPUS_PER_NODE=$GPUS_PER_NODE but job $SLURM_JOB_ID has $allocated GPU(s) a node:" \
-      "set GPUS_PER_NODE=$allocated or allocate more (salloc --gpus-per-node=$GPUS_PER_NODE)"
+  SRUNSH_GPUS_PER_NODE=${SRUNSH_GPUS_PER_NODE:-${allocated:-8}}
+  is_positive_int "$SRUNSH_GPUS_PER_NODE" || return 0 # reported by validate
+  if [[ -n $allocated ]] && ((SRUNSH_GPUS_PER_NODE > allocated)); then
+    die "SRUNSH_GPUS_PER_NODE=$SRUNSH_GPUS_PER_NODE but job $SLURM_JOB_ID has $allocated GPU(s) a node:" \
+      "set SRUNSH_GPUS_PER_NODE=$allocated or allocate more (salloc --gpus-per-node=$SRUNSH_GPUS_PER_NODE)"
   fi
   local cpus
   cpus=$(min_cpus_per_node "${SLURM_JOB_CPUS_PER_NODE:-}")
-  if [[ -n $cpus ]] && ((cpus < GPUS_PER_NODE)); then
-    die "job $SLURM_JOB_ID has $cpus CPU(s) on a node for $GPUS_PER_NODE ranks a node:" \
-      "allocate whole nodes (salloc --exclusive) or at least --ntasks-per-node=$GPUS_PER_NODE"
+  if [[ -n $cpus ]] && ((cpus < SRUNSH_GPUS_PER_NODE)); then
+    die "job $SLURM_JOB_ID has $cpus CPU(s) on a node for $SRUNSH_GPUS_PER_NODE ranks a node:" \
+      "allocate whole nodes (salloc --exclusive) or at least --ntasks-per-node=$SRUNSH_GPUS_PER_NODE"
   fi
-  CPUS_PER_RANK=${cpus:+$((cpus / GPUS_PER_NODE))}
+  CPUS_PER_RANK=${cpus:+$((cpus / SRUNSH_GPUS_PER_NODE))}
   command -v srun >/dev/null || ((DRY_RUN)) ||
     die "srun is not found on this host:" "run srun.sh where SLURM's client commands are"
 }
 
-# Where the ranks find the code, the recipe and the run directory: through MOUNT in the container, else as here.
+# Where the ranks find the code, the recipe and the run directory: through SRUNSH_MOUNT in the container, else as here.
 validate_paths() {
   local recipe_abs
   recipe_abs=$(realpath -- "$RECIPE")
-  RUN_ROOT=$(realpath -m -- "$OUTPUT_ROOT")/$(basename -- "$RECIPE" .py)
+  RUN_ROOT=$(realpath -m -- "$SRUNSH_OUTPUT_ROOT")/$(basename -- "$RECIPE" .py)
   if ((USE_CONTAINER)); then
     validate_image
     parse_mounts
     # The ranks run this checkout's code, not the copy baked into the image, so recipe and code always match.
     CODE_DIR=$(in_container "this checkout" "$REPO_DIR")
     RECIPE_ARG=$(in_container "recipe" "$recipe_abs")
-    RUN_ROOT_IN=$(in_container "OUTPUT_ROOT" "$RUN_ROOT")
+    RUN_ROOT_IN=$(in_container "SRUNSH_OUTPUT_ROOT" "$RUN_ROOT")
     validate_output_mount
     TASK_WORKDIR=$(container_path "$(pwd -P)") || TASK_WORKDIR=$CODE_DIR
   else
-    command -v "$PYTHON" >/dev/null ||
-      die "PYTHON=$(q "$PYTHON") is not found on this host:" "install it or set PYTHON=/path/to/python"
-    if ((USE_NSYS)) && ! command -v "$NSYS" >/dev/null; then
-      die "--nsys needs nsys, but NSYS=$(q "$NSYS") is not found:" "install Nsight Systems or set NSYS=/path/to/nsys"
+    command -v "$SRUNSH_PYTHON" >/dev/null ||
+      die "SRUNSH_PYTHON=$(q "$SRUNSH_PYTHON") is not found on this host:" \
+        "install it or set SRUNSH_PYTHON=/path/to/python"
+    if ((USE_NSYS)) && ! command -v "$SRUNSH_NSYS" >/dev/null; then
+      die "--nsys needs nsys, but SRUNSH_NSYS=$(q "$SRUNSH_NSYS") is not found:" \
+        "install Nsight Systems or set SRUNSH_NSYS=/path/to/nsys"
     fi
     CODE_DIR=$REPO_DIR RECIPE_ARG=$RECIPE RUN_ROOT_IN=$RUN_ROOT
   fi
@@ -183,26 +189,28 @@ validate() {
     die "recipe $(q "$RECIPE") is not a readable file:" "check the path (relative to $(q "$PWD"))"
   CPUS_PER_RANK=''
   if ((SUBMITTING)); then
-    GPUS_PER_NODE=${GPUS_PER_NODE:-8} # only for the checks here: the job takes its own from its allocation
+    # Only for the checks here: the job takes its own from its allocation.
+    SRUNSH_GPUS_PER_NODE=${SRUNSH_GPUS_PER_NODE:-8}
   elif ((LOCAL)); then
     validate_local_gpus
   else
     validate_slurm_allocation
   fi
-  is_positive_int "$GPUS_PER_NODE" ||
-    die "GPUS_PER_NODE=$(q "$GPUS_PER_NODE") is not a positive integer:" \
-      "set it to the GPUs per node, e.g. GPUS_PER_NODE=8"
+  is_positive_int "$SRUNSH_GPUS_PER_NODE" ||
+    die "SRUNSH_GPUS_PER_NODE=$(q "$SRUNSH_GPUS_PER_NODE") is not a positive integer:" \
+      "set it to the GPUs per node, e.g. SRUNSH_GPUS_PER_NODE=8"
   if [[ -n $MASTER_PORT ]] && ! { is_positive_int "$MASTER_PORT" && ((MASTER_PORT <= 65535)); }; then
     die "MASTER_PORT=$(q "$MASTER_PORT") is not a port number:" "set 1-65535 or leave it unset"
   fi
-  if [[ -n $CONTAINER_NAME && ! ($CONTAINER_NAME =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$) ]]; then
-    die "CONTAINER_NAME=$(q "$CONTAINER_NAME") is not a container name:" \
+  if [[ -n $SRUNSH_CONTAINER_NAME && ! ($SRUNSH_CONTAINER_NAME =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$) ]]; then
+    die "SRUNSH_CONTAINER_NAME=$(q "$SRUNSH_CONTAINER_NAME") is not a container name:" \
       "use letters, digits, '.', '_' and '-', or leave it unset for an unnamed container"
   fi
-  if [[ -n $RUN_ID && ! ($RUN_ID =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$) ]]; then
-    die "RUN_ID=$(q "$RUN_ID") is not a run name:" "use letters, digits, '.', '_' and '-', as in 4242-20261130-101500"
+  if [[ -n $SRUNSH_RUN_ID && ! ($SRUNSH_RUN_ID =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$) ]]; then
+    die "SRUNSH_RUN_ID=$(q "$SRUNSH_RUN_ID") is not a run name:" \
+      "use letters, digits, '.', '_' and '-', as in 4242-20261130-101500"
   fi
-  read -ra SRUN_EXTRA <<<"$SRUN_EXTRA_ARGS"
+  read -ra SRUN_EXTRA <<<"$SRUNSH_SRUN_EXTRA_ARGS"
   validate_health_knobs # launcher/health.sh
   validate_hang_knobs   # launcher/hang.sh
   validate_paths

@@ -57,7 +57,7 @@ HOSTILE_ARGS = [
     "",
 ]
 
-# The first bytes of a squashfs file (its superblock's magic), all that srun.sh reads of SQSH.
+# The first bytes of a squashfs file (its superblock's magic), all that srun.sh reads of SRUNSH_SQSH.
 SQUASHFS_MAGIC = b"hsqs"
 
 # Two whole nodes and their GPUs: steps see a GPU only when the job asked for it, as on a GPU cluster with GRES.
@@ -70,22 +70,26 @@ LAUNCHER_VARIABLES = (
     "NCCL_GIN_TYPE",
     "DEEP_EP_BACKEND",
     "CUDA_DEVICE_MAX_CONNECTIONS",
-    "GPUS_PER_NODE",
+    "SRUNSH_GPUS_PER_NODE",
     "MASTER_PORT",
     "MASTER_ADDR",
-    "SQSH",
-    "CONTAINER_NAME",
-    "MOUNT",
-    "PYTHON",
-    "NSYS",
+    "SRUNSH_SQSH",
+    "SRUNSH_CONTAINER_NAME",
+    "SRUNSH_MOUNT",
+    "SRUNSH_PYTHON",
+    "SRUNSH_NSYS",
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
-    "RUN_ID",
+    "SRUNSH_RUN_ID",
     "RUN_DIR",
-    "OUTPUT_ROOT",
+    "SRUNSH_OUTPUT_ROOT",
     "GLOO_SOCKET_IFNAME",
-    "SRUN_EXTRA_ARGS",
+    "SRUNSH_SRUN_EXTRA_ARGS",
+    *("SRUNSH_SAVE_LEAD_S", "SRUNSH_MAX_RETRIES", "SRUNSH_HEALTH", "SRUNSH_HEALTH_TIMEOUT_S", "SRUNSH_HANG_TIMEOUT_S"),
+    # The knobs' names before they took the SRUNSH_ prefix (issue 35), which srun.sh names on stderr when they are set.
+    *("SQSH", "CONTAINER_NAME", "MOUNT", "PYTHON", "NSYS", "GPUS_PER_NODE", "OUTPUT_ROOT", "SRUN_EXTRA_ARGS", "HEALTH"),
+    *("SAVE_LEAD_S", "MAX_RETRIES", "HEALTH_TIMEOUT_S", "HANG_TIMEOUT_S"),
 )
 
 
@@ -234,7 +238,9 @@ def _world(tmp_path: Path, base_env: dict[str, str], cluster: SlurmCluster | Non
     records.mkdir()
     (tmp_path / "recipe.py").write_text("def configure():\n    raise AssertionError('the fake python never runs me')\n")
     env = {k: v for k, v in job_environment(base_env).items() if k not in LAUNCHER_VARIABLES}
-    env.update(PYTHON=str(FIXTURES / "fake_python"), FAKE_RECORD_DIR=str(records), CUDA_VISIBLE_DEVICES="0,1,2,3")
+    env.update(
+        SRUNSH_PYTHON=str(FIXTURES / "fake_python"), FAKE_RECORD_DIR=str(records), CUDA_VISIBLE_DEVICES="0,1,2,3"
+    )
     return SrunWorld(dir=tmp_path, records_dir=records, env=env, cluster=cluster)
 
 

@@ -52,8 +52,9 @@ def test_every_console_line_carries_the_seconds_after_the_start_at_which_it_arri
 
 
 def test_a_launch_runs_in_its_own_directory_which_is_its_output_root(tmp_path: Path):
-    script = "import os; print(os.getcwd()); print(os.environ['OUTPUT_ROOT']); print(os.environ['GPUS_PER_NODE'])"
-    finished = launches.run([sys.executable, "-c", script], tmp_path / "a", 30, env={"GPUS_PER_NODE": "1"})
+    script = "import os; print(os.getcwd()); print(os.environ['SRUNSH_OUTPUT_ROOT'])"
+    script += "; print(os.environ['SRUNSH_GPUS_PER_NODE'])"
+    finished = launches.run([sys.executable, "-c", script], tmp_path / "a", 30, env={"SRUNSH_GPUS_PER_NODE": "1"})
     assert [text.strip() for _, text in finished.lines] == [str(tmp_path / "a"), str(tmp_path / "a" / "outputs"), "1"]
 
 

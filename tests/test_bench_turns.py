@@ -10,10 +10,10 @@ from bench import bench_turns, levers
 from tests.test_per_step import write_events
 
 ARMS = {
-    "ours": {"command": ["srun.sh", "--local"], "env": {"GPUS_PER_NODE": "1"}, "note": "the shipped recipe"},
-    "no_checks": {"command": ["srun.sh", "--local"], "env": {"GPUS_PER_NODE": "1"}, "note": "NaN checks off"},
-    "gbs16": {"command": ["srun.sh", "--local"], "env": {"GPUS_PER_NODE": "1"}, "note": "16 sequences"},
-    "bf16": {"command": ["srun.sh", "--local"], "env": {"GPUS_PER_NODE": "1"}, "note": "the BF16 recipe"},
+    "ours": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "the shipped recipe"},
+    "no_checks": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "NaN checks off"},
+    "gbs16": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "16 sequences"},
+    "bf16": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "the BF16 recipe"},
 }
 
 

@@ -266,8 +266,8 @@ def test_a_python_without_the_stack_names_the_image_and_the_fix(tmp_path: Path):
     assert result.returncode == 2
     assert result.stderr == (
         f"entrypoint.py: error: {bare}/bin/python cannot import the training stack (ModuleNotFoundError: No module"
-        " named 'megatron'): the image /fsx/images/old.sqsh lacks it: rebuild it with 'make build', or point SQSH at"
-        " an image that has it\n"
+        " named 'megatron'): the image /fsx/images/old.sqsh lacks it: rebuild it with 'make build', or point"
+        " SRUNSH_SQSH at an image that has it\n"
     )
 
 

@@ -27,7 +27,9 @@ def test_fixed_timeout_fires_after_the_last_step_and_says_so():
     assert clock.observe(step(1), 100.0) is None
     assert clock.observe(step(1), 129.0) is None
 
-    assert clock.observe(step(1), 131.0) == "no training step completed for 31 s after step 1 (HANG_TIMEOUT_S=30)"
+    assert (
+        clock.observe(step(1), 131.0) == "no training step completed for 31 s after step 1 (SRUNSH_HANG_TIMEOUT_S=30)"
+    )
 
 
 def test_start_gets_its_own_limit_unless_the_timeout_is_longer():

@@ -5,6 +5,7 @@ Dockerfile itself, with real gpg and a stand-in download that holds two keys."""
 import os
 import subprocess
 import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -67,6 +68,75 @@ def test_cudnn_check_names_a_second_cudnn_that_transformer_engine_prefers(tmp_pa
 
     assert result.returncode != 0
     assert f"ImageCheckError: this process maps cuDNN from ['{tmp_path}/lib/libcudnn.so.9']" in result.stderr
+
+
+# --- pip keeps the image's NCCL ---------------------------------------------------------------------------------
+
+CONSTRAINTS = "/opt/toolkit/pip-constraints.txt"
+
+
+@pytest.fixture(scope="module")
+def torchs_nccl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder that offers pip nvidia-nccl-cu13 2.28.9, the release that torch 2.11.0 requires, as PyPI does: a wheel
+    of that name and version with nothing in it (pip's dry run reads only its metadata)."""
+    folder = tmp_path_factory.mktemp("index")
+    info = "nvidia_nccl_cu13-2.28.9.dist-info"
+    with zipfile.ZipFile(folder / "nvidia_nccl_cu13-2.28.9-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: nvidia-nccl-cu13\nVersion: 2.28.9\n")
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        wheel.writestr(f"{info}/RECORD", "")
+    return folder
+
+
+def image_constraints(tmp_path: Path, dockerfile: str) -> Path:
+    """The pip constraints file as the Dockerfile's own command writes it from versions.txt, /opt/toolkit moved here."""
+    step = next(step.value for step in instructions(dockerfile) if step.name == "RUN" and CONSTRAINTS in step.value)
+    (command,) = [part.strip() for part in step.split("&&") if CONSTRAINTS in part]
+    (tmp_path / "versions.txt").write_text((REPO / "versions.txt").read_text())
+    subprocess.run(["bash", "-c", command.replace("/opt/toolkit/", f"{tmp_path}/")], check=True, timeout=30)
+    return tmp_path / "pip-constraints.txt"
+
+
+def pip_check(constraints: Path, index: Path) -> subprocess.CompletedProcess:
+    """check_pip_keeps_nccl against the test environment (torch 2.11.0 and the pinned NCCL wheel, installed as in the
+    image with --no-deps), pip offline with `index` for PyPI."""
+    installed = metadata.version("nvidia-nccl-cu13")
+    return run_check(
+        f"c.check_pip_keeps_nccl({installed!r})",
+        PIP_CONSTRAINT=str(constraints),
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(index),
+    )
+
+
+def test_pip_keeps_the_nccl_under_the_constraints_the_image_sets(tmp_path: Path, torchs_nccl: Path):
+    constraints = image_constraints(tmp_path, (REPO / "Dockerfile").read_text())
+    assert f"nvidia-nccl-cu13=={metadata.version('nvidia-nccl-cu13')}" in constraints.read_text().splitlines()
+    result = pip_check(constraints, torchs_nccl)
+    assert result.returncode == 0, result.stderr
+
+
+def test_pip_check_names_the_nccl_that_a_later_install_would_put_back(tmp_path: Path, torchs_nccl: Path):
+    """The image before issue 35 set no constraints: pip would install torch's own NCCL pin over the image's."""
+    (tmp_path / "none.txt").write_text("")
+    result = pip_check(tmp_path / "none.txt", torchs_nccl)
+    assert result.returncode == 1
+    installed = metadata.version("nvidia-nccl-cu13")
+    assert f"would replace nvidia-nccl-cu13 {installed} by 2.28.9: PIP_CONSTRAINT" in result.stderr
+
+
+def test_the_image_check_runs_under_the_pip_constraints():
+    final = [step for step in instructions((REPO / "Dockerfile").read_text()) if step.stage == 1]
+    kinds = [
+        "writes" if step.name == "RUN" and f">{CONSTRAINTS}" in step.value
+        else "env" if step.name == "ENV" and step.value == f"PIP_CONSTRAINT={CONSTRAINTS}"
+        else "check" if step.name == "RUN" and "check_image.py" in step.value
+        else None
+        for step in final
+    ]  # fmt: skip
+    assert [kind for kind in kinds if kind] == ["writes", "env", "check"]
 
 
 def test_check_image_usage_error_exits_2():

@@ -8,6 +8,7 @@ import re
 import subprocess
 import threading
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,48 @@ def test_every_missing_pin_gets_its_own_line(upstream):
     )  # fmt: skip
     assert result.returncode == 1
     assert [line.split(":")[0] for line in result.stderr.splitlines()] == ["pin A_VERSION=v9", "pin C_VERSION=9"]
+
+
+class SignedRedirects(http.server.SimpleHTTPRequestHandler):
+    """A release host as GitHub's: /download/NAME redirects to a signed URL of the file, which serves GET and refuses
+    HEAD (the signature covers one method), as such URLs have refused the HEAD requests of pin checks."""
+
+    def do_GET(self):
+        if self.path.startswith("/download/"):
+            self.send_response(302)
+            self.send_header("Location", "/signed/" + self.path.removeprefix("/download/") + "?signature=get-only")
+            self.end_headers()
+        else:
+            self.path = self.path.removeprefix("/signed").split("?")[0]
+            super().do_GET()
+
+    def do_HEAD(self):
+        if self.path.startswith("/download/"):
+            self.do_GET()
+        else:
+            self.send_error(403, "SignatureDoesNotMatch")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def signed_host(tmp_path: Path) -> Iterator[str]:
+    (tmp_path / "tool-1.0.tar.gz").write_bytes(b"release asset")
+    handler = lambda *args: SignedRedirects(*args, directory=str(tmp_path))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_release_asset_behind_a_signed_redirect_that_refuses_head_passes(signed_host):
+    head = subprocess.run(["curl", "-fsIL", "-o", "/dev/null", f"{signed_host}/download/tool-1.0.tar.gz"], check=False)
+    assert head.returncode == 22, "the stand-in host must refuse HEAD as the signed URLs do"
+    result = check_pins("url", "TOOL_VERSION", "1.0", f"{signed_host}/download/tool-1.0.tar.gz")
+    assert (result.returncode, result.stderr) == (0, "")
+    missing = check_pins("url", "TOOL_VERSION", "9.9", f"{signed_host}/download/tool-9.9.tar.gz")
+    assert missing.stderr.splitlines() == [f"pin TOOL_VERSION=9.9: no {signed_host}/download/tool-9.9.tar.gz"]
 
 
 @pytest.mark.parametrize("args", [[], ["tag", "X", "1", "u"], ["git-tag", "X", "1"]], ids=["none", "kind", "arity"])
@@ -264,3 +307,43 @@ def test_one_nvshmem_and_one_nccl_the_wheels_of_the_stack():
             assert installs, "the Dockerfile before issue 25 installed NVSHMEM from apt and built NCCL"
         else:
             assert installs == expected
+
+
+# --- NCCL_GIN_TYPE against the image's NCCL ---------------------------------------------------------------------
+
+
+def gin_types(header: Path) -> dict[int, str]:
+    """Value -> name of the GIN types of an nccl_device/core.h (its enum ncclGinType_t), as NCCL_GIN_TYPE takes them."""
+    enum = re.search(r"typedef enum \{(.*?)\} ncclGinType_t;", header.read_text(), flags=re.S)
+    assert enum, f"{header} defines no ncclGinType_t"
+    return {int(value): name for name, value in re.findall(r"\bNCCL_GIN_TYPE_(\w+) = (\d+)", enum[1])}
+
+
+def gin_values_named(text: str) -> list[tuple[int, str | None]]:
+    """Each GIN type value that the NCCL_GIN_TYPE row of docs/network.md speaks of, with the enum name it gives it:
+    "`N` is `NCCL_GIN_TYPE_X`" or "`N` (`NCCL_GIN_TYPE_X`)"; None where it names none."""
+    (row,) = [line for line in text.splitlines() if line.startswith("| `NCCL_GIN_TYPE` |")]
+    why = row.split(" | ")[2]
+    found = re.finditer(r"`(\d+)`(?: is `NCCL_GIN_TYPE_(\w+)`| \(`NCCL_GIN_TYPE_(\w+)`\))?", why)
+    return [(int(match[1]), match[2] or match[3]) for match in found]
+
+
+def test_the_gin_types_srun_sh_exports_and_documents_are_those_of_the_images_nccl():
+    """The test environment holds the image's NCCL wheel (the same [python] pin); its header is the evidence."""
+    assert metadata.version("nvidia-nccl-cu13") == python_pin("nvidia-nccl-cu13")
+    header = Path(str(metadata.distribution("nvidia-nccl-cu13").locate_file("nvidia/nccl/include/nccl_device/core.h")))
+    types = gin_types(header)
+    assert (types[2], types[3], types[5]) == ("PROXY", "GDAKI", "EFA_GDA")
+    exported = re.search(r"NCCL_GIN_TYPE=\$\{NCCL_GIN_TYPE:-(\d+)\}", (REPO / "srun.sh").read_text())
+    assert exported and types[int(exported[1])] == "PROXY", "srun.sh must export the proxy type aws-ofi-nccl supports"
+    named = gin_values_named((REPO / "docs" / "network.md").read_text())
+    assert {value for value, _ in named} >= {2, 3, 5}
+    assert [(value, name) for value, name in named if name != types.get(value)] == []
+
+
+def test_the_gin_type_check_catches_the_row_before_issue_35():
+    before = (  # docs/network.md's row before issue 35, which took 3 for EFA's device-initiated GIN
+        "| `NCCL_GIN_TYPE` | `2` | DeepEP's GPU-initiated networking through NCCL's proxy GIN (aws-ofi-nccl 1.21's GIN"
+        " path); `3`, device-initiated GIN over EFA, is NCCL 2.31's newer path |"
+    )
+    assert gin_values_named(before) == [(3, None)]

@@ -27,7 +27,7 @@ def test_every_plan_builds_arms_that_share_a_schedule_and_can_be_stopped(plan: s
         assert set(levers.STOPPABLE) <= set(arm.overrides) and set(launches.MEASURED) <= set(arm.overrides)
         iterations |= {o for o in arm.overrides if o.startswith("train.train_iters=")}
         assert arm.command[-len(arm.overrides) :] == arm.overrides
-        assert arm.env["GPUS_PER_NODE"] == str(gpus)
+        assert arm.env["SRUNSH_GPUS_PER_NODE"] == str(gpus)
     assert len(iterations) == 1  # one LR schedule for every arm, so that their losses compare
 
 
@@ -39,7 +39,7 @@ def test_lever_arms_change_what_they_say_and_nothing_else():
     assert arms["gbs16"].tokens_per_step == 2 * arms["ours"].tokens_per_step == 16 * 8192
     assert arms["cudnn_norms"].command == arms["ours"].command
     assert arms["cudnn_norms"].env == {
-        "GPUS_PER_NODE": "1",
+        "SRUNSH_GPUS_PER_NODE": "1",
         "NVTE_NORM_FWD_USE_CUDNN": "1",
         "NVTE_NORM_BWD_USE_CUDNN": "1",
     }

@@ -22,7 +22,9 @@ sys.path.insert(0, str(REPO / "tools"))
 import prepare_data
 
 README = (REPO / "README.md").read_text()
-EXAMPLE = re.compile(r"^    ((?:salloc -N \d+(?: --\S+)* )?\./srun\.sh .*|PYTHON=\S+ \./srun\.sh .*)$", re.MULTILINE)
+EXAMPLE = re.compile(
+    r"^    ((?:salloc -N \d+(?: --\S+)* )?\./srun\.sh .*|SRUNSH_PYTHON=\S+ \./srun\.sh .*)$", re.MULTILINE
+)
 DATA_SECTION = README.split("\n## Your data\n", 1)[1].split("\n## ", 1)[0]
 DATA_COMMANDS = re.findall(r"^    (\S.*)$", DATA_SECTION, re.MULTILINE)
 # Not the usage line; the data section's launches need its prepared data, and run in its own test.
@@ -41,7 +43,7 @@ def split(example: str) -> tuple[int, list[str], list[str], str, list[str]]:
         nodes = int(words[2])
         words = words[words.index("./srun.sh") :]
     while "=" in words[0] and not words[0].startswith("./"):
-        words.pop(0)  # an environment prefix, PYTHON=...
+        words.pop(0)  # an environment prefix, SRUNSH_PYTHON=...
     words = words[1:]  # ./srun.sh
     if words[0] == "--sbatch":
         sbatch, words = words[1 : words.index("--")], words[words.index("--") + 1 :]
@@ -71,12 +73,12 @@ def launch_environment(tmp_path: Path, options: list[str]) -> dict[str, str]:
     sqsh.write_bytes(SQUASHFS_MAGIC)
     return {
         **os.environ,
-        "SQSH": str(sqsh),
-        "MOUNT": f"{REPO}:/workspace/megatron,{tmp_path}:{tmp_path}",
-        "PYTHON": sys.executable,
-        "GPUS_PER_NODE": "2" if "--local" in options else "8",
+        "SRUNSH_SQSH": str(sqsh),
+        "SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,{tmp_path}:{tmp_path}",
+        "SRUNSH_PYTHON": sys.executable,
+        "SRUNSH_GPUS_PER_NODE": "2" if "--local" in options else "8",
         "CUDA_VISIBLE_DEVICES": "0,1",
-        "NSYS": "true",
+        "SRUNSH_NSYS": "true",
         "HF_HUB_OFFLINE": "1",
     }
 

@@ -25,7 +25,7 @@ class Case:
 
 def image_env(world: Path, **extra: str) -> dict[str, str]:
     """A container-mode setup that is valid apart from what `extra` breaks."""
-    return {"SQSH": "image.sqsh", "MOUNT": f"{REPO}:/workspace/megatron,{world}:{world}", **extra}
+    return {"SRUNSH_SQSH": "image.sqsh", "SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,{world}:{world}", **extra}
 
 
 def cases(world: Path) -> dict[str, Case]:
@@ -52,96 +52,117 @@ def cases(world: Path) -> dict[str, Case]:
         "recipe is a dangling link": Case(["--local", "dangling.py"], ["recipe dangling.py is not a readable file"]),
         "image missing": Case(
             ["recipe.py"],
-            ["image SQSH=/nonexistent/megatron.sqsh does not exist", "make build"],
-            env=image_env(world, SQSH="/nonexistent/megatron.sqsh"),
+            ["image SRUNSH_SQSH=/nonexistent/megatron.sqsh does not exist", "make build"],
+            env=image_env(world, SRUNSH_SQSH="/nonexistent/megatron.sqsh"),
             in_allocation=True,
         ),
         "image not a squashfs file": Case(
             ["--dry-run", "recipe.py"],
-            ["image SQSH=", "plain.txt is not a squashfs file", "make build"],
-            env=image_env(world, SQSH="plain.txt"),
+            ["image SRUNSH_SQSH=", "plain.txt is not a squashfs file", "make build"],
+            env=image_env(world, SRUNSH_SQSH="plain.txt"),
         ),
         "output root in a read-only mount": Case(
             ["--dry-run", "recipe.py"],
-            [f"OUTPUT_ROOT {world}/outputs/recipe is in MOUNT entry {world}:/w:ro", "read-only", "drop :ro"],
-            env=image_env(world, MOUNT=f"{REPO}:/workspace/megatron,{world}:/w:ro"),
+            [
+                f"SRUNSH_OUTPUT_ROOT {world}/outputs/recipe is in SRUNSH_MOUNT entry {world}:/w:ro",
+                "read-only",
+                "drop :ro",
+            ],
+            env=image_env(world, SRUNSH_MOUNT=f"{REPO}:/workspace/megatron,{world}:/w:ro"),
         ),
         "output root in a read-only mount, flags joined": Case(
             ["--dry-run", "recipe.py"],
             ["read-only"],
-            env=image_env(world, MOUNT=f"{REPO}:/workspace/megatron,{world}:/w:rprivate+ro"),
+            env=image_env(world, SRUNSH_MOUNT=f"{REPO}:/workspace/megatron,{world}:/w:rprivate+ro"),
         ),
         "output root cannot be created": Case(
             local,
-            [f"cannot create the run folder {world}/recipe.py/out/recipe", "Not a directory", "set OUTPUT_ROOT"],
-            env={"OUTPUT_ROOT": "recipe.py/out"},
+            [f"cannot create the run folder {world}/recipe.py/out/recipe", "Not a directory", "set SRUNSH_OUTPUT_ROOT"],
+            env={"SRUNSH_OUTPUT_ROOT": "recipe.py/out"},
         ),
         "relative mount source missing": Case(
             ["--dry-run", "recipe.py"],
-            ["MOUNT source data does not exist on this host"],
-            env=image_env(world, MOUNT=f"data:/data,{world}:/w"),
+            ["SRUNSH_MOUNT source data does not exist on this host"],
+            env=image_env(world, SRUNSH_MOUNT=f"data:/data,{world}:/w"),
         ),
         "not in an allocation": Case(["--no-container", "recipe.py"], [NOT_IN_ALLOCATION.strip()]),
         "not in an allocation, container": Case(["recipe.py"], [NOT_IN_ALLOCATION.strip()], env=image_env(world)),
         "gpus per node not a number": Case(
             ["--no-container", "recipe.py"],
-            ["GPUS_PER_NODE=abc is not a positive integer", "GPUS_PER_NODE=8"],
-            env={"GPUS_PER_NODE": "abc"},
+            ["SRUNSH_GPUS_PER_NODE=abc is not a positive integer", "SRUNSH_GPUS_PER_NODE=8"],
+            env={"SRUNSH_GPUS_PER_NODE": "abc"},
             in_allocation=True,
         ),
-        "gpus per node zero": Case(local, ["GPUS_PER_NODE=0 is not a positive integer"], env={"GPUS_PER_NODE": "0"}),
-        "gpus per node negative": Case(local, ["GPUS_PER_NODE=-1 is not a positive"], env={"GPUS_PER_NODE": "-1"}),
-        "gpus per node with space": Case(local, ["GPUS_PER_NODE=2\\  is not a positive"], env={"GPUS_PER_NODE": "2 "}),
+        "gpus per node zero": Case(
+            local, ["SRUNSH_GPUS_PER_NODE=0 is not a positive integer"], env={"SRUNSH_GPUS_PER_NODE": "0"}
+        ),
+        "gpus per node negative": Case(
+            local, ["SRUNSH_GPUS_PER_NODE=-1 is not a positive"], env={"SRUNSH_GPUS_PER_NODE": "-1"}
+        ),
+        "gpus per node with space": Case(
+            local, ["SRUNSH_GPUS_PER_NODE=2\\  is not a positive"], env={"SRUNSH_GPUS_PER_NODE": "2 "}
+        ),
         "more gpus than visible": Case(
             local,
-            ["GPUS_PER_NODE=8 but this host shows 2 GPU(s)", "lower GPUS_PER_NODE"],
-            env={"GPUS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1"},
+            ["SRUNSH_GPUS_PER_NODE=8 but this host shows 2 GPU(s)", "lower SRUNSH_GPUS_PER_NODE"],
+            env={"SRUNSH_GPUS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1"},
         ),
         "no gpu visible": Case(
             local, ["--local found no GPU", "set CUDA_VISIBLE_DEVICES"], env={"CUDA_VISIBLE_DEVICES": ""}
         ),
         "mount without colon": Case(
             ["--dry-run", "recipe.py"],
-            ["MOUNT entry nocolon is not SRC:DST", "fix MOUNT"],
-            env=image_env(world, MOUNT="nocolon"),
+            ["SRUNSH_MOUNT entry nocolon is not SRC:DST", "fix SRUNSH_MOUNT"],
+            env=image_env(world, SRUNSH_MOUNT="nocolon"),
         ),
         "mount with relative target": Case(
             ["--dry-run", "recipe.py"],
             ["is not SRC:DST[:FLAGS] with an absolute DST"],
-            env=image_env(world, MOUNT=f"{world}:workspace"),
+            env=image_env(world, SRUNSH_MOUNT=f"{world}:workspace"),
         ),
         "mount with too many fields": Case(
-            ["--dry-run", "recipe.py"], ["is not SRC:DST[:FLAGS]"], env=image_env(world, MOUNT=f"{world}:/w:ro:x")
+            ["--dry-run", "recipe.py"],
+            ["is not SRC:DST[:FLAGS]"],
+            env=image_env(world, SRUNSH_MOUNT=f"{world}:/w:ro:x"),
         ),
         "mount only commas": Case(
-            ["--dry-run", "recipe.py"], ["MOUNT entry '' is not SRC:DST", "fix MOUNT"], env=image_env(world, MOUNT=",")
+            ["--dry-run", "recipe.py"],
+            ["SRUNSH_MOUNT entry '' is not SRC:DST", "fix SRUNSH_MOUNT"],
+            env=image_env(world, SRUNSH_MOUNT=","),
         ),
         "mount source missing": Case(
             ["recipe.py"],
-            ["MOUNT source /nonexistent/data does not exist on this host", "create it or drop it from MOUNT"],
-            env=image_env(world, MOUNT=f"/nonexistent/data:/data,{world}:/w"),
+            [
+                "SRUNSH_MOUNT source /nonexistent/data does not exist on this host",
+                "create it or drop it from SRUNSH_MOUNT",
+            ],
+            env=image_env(world, SRUNSH_MOUNT=f"/nonexistent/data:/data,{world}:/w"),
             in_allocation=True,
         ),
         "recipe outside every mount": Case(
             ["--dry-run", "recipe.py"],
-            ["recipe", "recipe.py is outside every MOUNT source, so the ranks cannot see it", "add its directory"],
-            env=image_env(world, MOUNT=f"{REPO}:/workspace/megatron"),
+            [
+                "recipe",
+                "recipe.py is outside every SRUNSH_MOUNT source, so the ranks cannot see it",
+                "add its directory",
+            ],
+            env=image_env(world, SRUNSH_MOUNT=f"{REPO}:/workspace/megatron"),
         ),
         "nsys not installed": Case(
             ["--nsys", "--no-container", "recipe.py"],
-            ["--nsys needs nsys, but NSYS=/nonexistent/nsys is not found", "set NSYS="],
-            env={"NSYS": "/nonexistent/nsys"},
+            ["--nsys needs nsys, but SRUNSH_NSYS=/nonexistent/nsys is not found", "set SRUNSH_NSYS="],
+            env={"SRUNSH_NSYS": "/nonexistent/nsys"},
             in_allocation=True,
         ),
         "nsys not on PATH": Case(
             ["--nsys", *local],
-            ["NSYS=no-such-nsys-binary is not found", "install Nsight"],
-            env={"NSYS": "no-such-nsys-binary"},
+            ["SRUNSH_NSYS=no-such-nsys-binary is not found", "install Nsight"],
+            env={"SRUNSH_NSYS": "no-such-nsys-binary"},
         ),
         "python missing": Case(
             ["--no-container", "recipe.py"],
-            ["PYTHON=/nonexistent/python is not found"],
-            env={"PYTHON": "/nonexistent/python"},
+            ["SRUNSH_PYTHON=/nonexistent/python is not found"],
+            env={"SRUNSH_PYTHON": "/nonexistent/python"},
             in_allocation=True,
         ),
         "master port out of range": Case(
@@ -149,26 +170,26 @@ def cases(world: Path) -> dict[str, Case]:
         ),
         "dry run still validates knobs": Case(
             ["--dry-run", "--no-container", "recipe.py"],
-            ["GPUS_PER_NODE=x is not a positive integer"],
-            env={"GPUS_PER_NODE": "x"},
+            ["SRUNSH_GPUS_PER_NODE=x is not a positive integer"],
+            env={"SRUNSH_GPUS_PER_NODE": "x"},
         ),
         "run id with a slash": Case(
-            local, ["RUN_ID=../x is not a run name", "use letters, digits"], env={"RUN_ID": "../x"}
+            local, ["SRUNSH_RUN_ID=../x is not a run name", "use letters, digits"], env={"SRUNSH_RUN_ID": "../x"}
         ),
         "container name with a colon": Case(
             ["--dry-run", "recipe.py"],
-            ["CONTAINER_NAME=megatron:exec is not a container name", "leave it unset"],
-            env=image_env(world, CONTAINER_NAME="megatron:exec"),
+            ["SRUNSH_CONTAINER_NAME=megatron:exec is not a container name", "leave it unset"],
+            env=image_env(world, SRUNSH_CONTAINER_NAME="megatron:exec"),
         ),
         "checkout outside every mount": Case(
             ["--dry-run", "recipe.py"],
-            [f"this checkout {REPO} is outside every MOUNT source", "add its directory to MOUNT"],
-            env=image_env(world, MOUNT=f"{world}:/w"),
+            [f"this checkout {REPO} is outside every SRUNSH_MOUNT source", "add its directory to SRUNSH_MOUNT"],
+            env=image_env(world, SRUNSH_MOUNT=f"{world}:/w"),
         ),
         "output root outside every mount": Case(
             ["--dry-run", "recipe.py"],
-            ["OUTPUT_ROOT /elsewhere/recipe is outside every MOUNT source"],
-            env=image_env(world, OUTPUT_ROOT="/elsewhere"),
+            ["SRUNSH_OUTPUT_ROOT /elsewhere/recipe is outside every SRUNSH_MOUNT source"],
+            env=image_env(world, SRUNSH_OUTPUT_ROOT="/elsewhere"),
         ),
         "heterogeneous job": Case(
             ["--no-container", "recipe.py"],
@@ -182,33 +203,38 @@ def cases(world: Path) -> dict[str, Case]:
         ),
         "more ranks than allocated gpus": Case(
             ["--no-container", "recipe.py"],
-            ["GPUS_PER_NODE=4 but job", "has 2 GPU(s) a node", "set GPUS_PER_NODE=2"],
-            env={"GPUS_PER_NODE": "4"},
+            ["SRUNSH_GPUS_PER_NODE=4 but job", "has 2 GPU(s) a node", "set SRUNSH_GPUS_PER_NODE=2"],
+            env={"SRUNSH_GPUS_PER_NODE": "4"},
             salloc=("--nodes=2", "--gpus-per-node=2"),
         ),
         "health with a recipe": Case(
             ["--health", "recipe.py"],
-            ["--health runs the health check alone, so recipe.py has no place here", "HEALTH=1 ./srun.sh RECIPE.py"],
+            [
+                "--health runs the health check alone, so recipe.py has no place here",
+                "SRUNSH_HEALTH=1 ./srun.sh RECIPE.py",
+            ],
         ),
         "health with nsys": Case(["--health", "--nsys"], ["--nsys profiles training, and --health trains nothing"]),
         "health option with a value": Case(["--health=full"], ["unknown option --health=full", "--health"]),
         "health after the recipe": Case([*local, "--health"], ["option --health comes after the recipe"]),
         "health knob not 0 or 1": Case(
-            local, ["HEALTH=yes is not 0 or 1", "HEALTH=1 runs the health check"], env={"HEALTH": "yes"}
+            local,
+            ["SRUNSH_HEALTH=yes is not 0 or 1", "SRUNSH_HEALTH=1 runs the health check"],
+            env={"SRUNSH_HEALTH": "yes"},
         ),
         "health timeout zero": Case(
             ["--local", "--health"],
-            ["HEALTH_TIMEOUT_S=0 is not a positive number of seconds", "HEALTH_TIMEOUT_S=60"],
-            env={"HEALTH_TIMEOUT_S": "0"},
+            ["SRUNSH_HEALTH_TIMEOUT_S=0 is not a positive number of seconds", "SRUNSH_HEALTH_TIMEOUT_S=60"],
+            env={"SRUNSH_HEALTH_TIMEOUT_S": "0"},
         ),
         "hang timeout zero": Case(
             ["--no-container", "recipe.py"],
-            ["HANG_TIMEOUT_S=0 is not a positive number of seconds", "HANG_TIMEOUT_S=900, off, or unset"],
-            env={"HANG_TIMEOUT_S": "0"},
+            ["SRUNSH_HANG_TIMEOUT_S=0 is not a positive number of seconds", "SRUNSH_HANG_TIMEOUT_S=900, off, or unset"],
+            env={"SRUNSH_HANG_TIMEOUT_S": "0"},
             in_allocation=True,
         ),
         "hang timeout not a number": Case(
-            local, ["HANG_TIMEOUT_S=5m is not a positive number of seconds"], env={"HANG_TIMEOUT_S": "5m"}
+            local, ["SRUNSH_HANG_TIMEOUT_S=5m is not a positive number of seconds"], env={"SRUNSH_HANG_TIMEOUT_S": "5m"}
         ),
         "internal mode outside a task": Case(
             ["--rank-exec", "python3"],

@@ -75,7 +75,7 @@ def test_submitted_job_runs_the_launch_as_run_job_id_and_says_where_its_outputs_
 
 
 def test_time_limit_ends_in_a_save_and_a_requeue_that_resumes(slurm_world: SrunWorld):
-    job = submit(slurm_world, *ONE_NODE, "--time=1", env={**CHECKPOINTS, "SAVE_LEAD_S": "45"})
+    job = submit(slurm_world, *ONE_NODE, "--time=1", env={**CHECKPOINTS, "SRUNSH_SAVE_LEAD_S": "45"})
     wait_job_ended(slurm_world, job, timeout=240)
 
     (record,) = slurm_world.records().values()
@@ -104,17 +104,20 @@ def test_scontrol_requeue_mid_run_resumes_the_same_run(slurm_world: SrunWorld):
 
 
 def test_requeue_bound_stops_a_job_that_keeps_failing(slurm_world: SrunWorld):
-    job = submit(slurm_world, *ONE_NODE, env={"MAX_RETRIES": "1", "FAKE_FAIL_RANK": "0", "FAKE_FAIL_EXIT": "5"})
+    job = submit(slurm_world, *ONE_NODE, env={"SRUNSH_MAX_RETRIES": "1", "FAKE_FAIL_RANK": "0", "FAKE_FAIL_EXIT": "5"})
     wait_job_ended(slurm_world, job, timeout=180)
 
     assert len(slurm_world.calls()) == 2  # the first attempt and one retry
     log = batch_log(slurm_world, job)
     assert "failed with exit status 5: requeueing job" in log
-    assert f"job {job} failed, and is not requeued: it was requeued after 1 failure(s) already (MAX_RETRIES=1)" in log
+    assert (
+        f"job {job} failed, and is not requeued: it was requeued after 1 failure(s) already (SRUNSH_MAX_RETRIES=1)"
+        in log
+    )
 
 
 def test_first_failure_report_in_the_job_log_names_rank_and_host(slurm_world: SrunWorld):
-    env = {"MAX_RETRIES": "0", "FAKE_FAIL_RANK": "3", "FAKE_FAIL_EXIT": "7", "FAKE_SLEEP": "300"}
+    env = {"SRUNSH_MAX_RETRIES": "0", "FAKE_FAIL_RANK": "3", "FAKE_FAIL_EXIT": "7", "FAKE_SLEEP": "300"}
     job = submit(slurm_world, "--nodes=2", "--gpus-per-node=2", env=env)
     wait_job_ended(slurm_world, job)
 
@@ -136,16 +139,16 @@ def test_first_failure_report_in_the_job_log_names_rank_and_host(slurm_world: Sr
         (
             ["--time=4", "--", "--no-container", "recipe.py"],
             {},
-            "time limit 4 (240 s) leaves no time before the save SAVE_LEAD_S=300",
+            "time limit 4 (240 s) leaves no time before the save SRUNSH_SAVE_LEAD_S=300",
         ),
         (
             ["-t", "0-0:5", "--", "--no-container", "recipe.py"],
-            {"SAVE_LEAD_S": "600"},
+            {"SRUNSH_SAVE_LEAD_S": "600"},
             "time limit 0-0:5 (300 s) leaves no time",
         ),
         (["--nodes=1", "--", "--local", "recipe.py"], {}, "--local runs without SLURM, so it cannot be a batch job"),
         (["--nodes=1", "--", "missing.py"], {}, "recipe missing.py is not a readable file"),
-        (["--nodes=1", "--", "recipe.py"], {"MAX_RETRIES": "x"}, "MAX_RETRIES=x is not a count"),
+        (["--nodes=1", "--", "recipe.py"], {"SRUNSH_MAX_RETRIES": "x"}, "SRUNSH_MAX_RETRIES=x is not a count"),
     ],
     ids=[
         "no recipe",

@@ -14,7 +14,7 @@ ERROR = (
     "entrypoint.py: error: unknown config key 'model.tensor_model_paralel_size' ('model' has no key"
     " 'tensor_model_paralel_size'); did you mean 'model.tensor_model_parallel_size'?"
 )
-REAL_PYTHON = {"PYTHON": sys.executable, "HF_HUB_OFFLINE": "1"}
+REAL_PYTHON = {"SRUNSH_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1"}
 
 
 def assert_reported_once(stderr: str) -> None:
@@ -33,7 +33,7 @@ def test_misspelt_key_on_two_nodes_is_one_line_and_exit_2(slurm_world: SrunWorld
 
 
 def test_misspelt_key_with_local_ranks_is_one_line_and_exit_2(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", TINY, TYPO, env={**REAL_PYTHON, "GPUS_PER_NODE": "2"}, timeout=300)
+    result = srun_world.srun_sh("--local", TINY, TYPO, env={**REAL_PYTHON, "SRUNSH_GPUS_PER_NODE": "2"}, timeout=300)
 
     assert result.returncode == 2, result.stderr[-3000:]
     assert_reported_once(result.stderr)

@@ -24,7 +24,7 @@ def lines_starting(output: str, prefix: str) -> list[str]:
 
 
 def test_dry_run_local_prints_a_torchrun_command_that_runs_unchanged_when_pasted(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", *HOSTILE_ARGS, env={"GPUS_PER_NODE": "2"})
+    result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", *HOSTILE_ARGS, env={"SRUNSH_GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
     assert srun_world.calls() == []
@@ -54,10 +54,10 @@ def test_dry_run_with_container_runs_the_checkouts_code_through_mount_in_an_unna
     image.write_bytes(SQUASHFS_MAGIC)
     shared = REPO.parent  # stands in for /fsx
     env = {
-        "SQSH": str(image),
-        "MOUNT": f"{shared}:/fsx,{srun_world.dir}:/work",
-        "GPUS_PER_NODE": "8",
-        "PYTHON": "python3",
+        "SRUNSH_SQSH": str(image),
+        "SRUNSH_MOUNT": f"{shared}:/fsx,{srun_world.dir}:/work",
+        "SRUNSH_GPUS_PER_NODE": "8",
+        "SRUNSH_PYTHON": "python3",
     }
     result = srun_world.srun_sh("--dry-run", "recipe.py", *HOSTILE_ARGS, env=env)
 
@@ -77,7 +77,7 @@ def test_dry_run_with_container_runs_the_checkouts_code_through_mount_in_an_unna
         b"--kill-on-bad-exit=1",
         words[7],
         b"--container-image=" + bytes(image),
-        b"--container-mounts=" + env["MOUNT"].encode(),
+        b"--container-mounts=" + env["SRUNSH_MOUNT"].encode(),
         b"--container-workdir=/work",
         code + b"/srun.sh",
     ]
@@ -89,7 +89,7 @@ def test_dry_run_with_container_runs_the_checkouts_code_through_mount_in_an_unna
 
 
 def test_dry_run_srun_extra_args_are_split_on_whitespace_and_added(srun_world: SrunWorld):
-    env = {"SRUN_EXTRA_ARGS": "  --exclusive\t--time=2:00:00 ", "GPUS_PER_NODE": "2"}
+    env = {"SRUNSH_SRUN_EXTRA_ARGS": "  --exclusive\t--time=2:00:00 ", "SRUNSH_GPUS_PER_NODE": "2"}
     result = srun_world.srun_sh("--dry-run", "--no-container", "recipe.py", env=env)
 
     assert result.returncode == 0, result.stderr
@@ -107,9 +107,9 @@ def test_dry_run_gives_pyxis_absolute_paths_for_a_relative_image_and_mount_sourc
     (srun_world.dir / "img.sqsh").write_bytes(SQUASHFS_MAGIC)
     (srun_world.dir / "data").mkdir()
     env = {
-        "SQSH": "img.sqsh",
-        "MOUNT": f"{REPO}:/workspace/megatron,.:/work,data:/data:ro,tmpfs:/scratch",
-        "GPUS_PER_NODE": "1",
+        "SRUNSH_SQSH": "img.sqsh",
+        "SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,.:/work,data:/data:ro,tmpfs:/scratch",
+        "SRUNSH_GPUS_PER_NODE": "1",
     }
     result = srun_world.srun_sh("--dry-run", "recipe.py", env=env)
 
@@ -122,8 +122,12 @@ def test_dry_run_gives_pyxis_absolute_paths_for_a_relative_image_and_mount_sourc
 
 def test_dry_run_names_the_container_when_container_name_is_set(srun_world: SrunWorld):
     (srun_world.dir / "img.sqsh").write_bytes(SQUASHFS_MAGIC)
-    env = {"SQSH": "img.sqsh", "MOUNT": f"{REPO}:/workspace/megatron,.:/work", "CONTAINER_NAME": "megatron"}
-    result = srun_world.srun_sh("--dry-run", "recipe.py", env={**env, "GPUS_PER_NODE": "1"})
+    env = {
+        "SRUNSH_SQSH": "img.sqsh",
+        "SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,.:/work",
+        "SRUNSH_CONTAINER_NAME": "megatron",
+    }
+    result = srun_world.srun_sh("--dry-run", "recipe.py", env={**env, "SRUNSH_GPUS_PER_NODE": "1"})
 
     assert result.returncode == 0, result.stderr
     words = bash_words(lines_starting(result.stdout, "srun ")[0])

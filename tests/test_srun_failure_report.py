@@ -16,7 +16,7 @@ def console_lines_from_slurm(stderr: str) -> list[str]:
 
 def test_ranks_without_a_gpu_are_reported_once_with_a_hint_that_can_work(slurm_world: SrunWorld):
     """A job without --gpus-per-node: SLURM gives its steps no CUDA_VISIBLE_DEVICES, and the nodes have no GPU."""
-    env = {"GPUS_PER_NODE": "2"}
+    env = {"SRUNSH_GPUS_PER_NODE": "2"}
     result, steps = slurm_world.in_allocation("--no-container", "recipe.py", salloc=("--nodes=2",), env=env)
 
     assert (result.returncode, steps) == (2, 1), result.stderr
@@ -26,7 +26,7 @@ def test_ranks_without_a_gpu_are_reported_once_with_a_hint_that_can_work(slurm_w
     assert said[0].startswith("srun.sh: rank ")
     hint = "sees no GPU (CUDA_VISIBLE_DEVICES=unset): allocate GPUs for the job (salloc --gpus-per-node=2)"
     assert said[0].endswith(hint)
-    assert "GPUS_PER_NODE=0" not in result.stderr
+    assert "SRUNSH_GPUS_PER_NODE=0" not in result.stderr
     assert "cannot open" not in result.stderr
     (run_dir,) = slurm_world.run_dirs()
     for rank in range(4):
@@ -37,7 +37,7 @@ def test_ranks_without_a_gpu_are_reported_once_with_a_hint_that_can_work(slurm_w
 
 def test_allocation_cancelled_under_the_launch_is_not_reported_as_a_rank_failing(slurm_world: SrunWorld):
     proc, _ = slurm_world.start_in_allocation(
-        "--no-container", "recipe.py", env={"GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
+        "--no-container", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
     )
     try:
         records = slurm_world.wait_for_ranks(4)
@@ -64,9 +64,9 @@ def test_container_that_cannot_start_is_reported_once_with_pyxis_cause(slurm_wor
     image = slurm_world.dir / "image.sqsh"
     image.write_bytes(SQUASHFS_MAGIC + bytes(92))
     env = {
-        "SQSH": str(image),
-        "MOUNT": f"{REPO}:/workspace/megatron,{slurm_world.dir}:{slurm_world.dir}",
-        "GPUS_PER_NODE": "2",
+        "SRUNSH_SQSH": str(image),
+        "SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,{slurm_world.dir}:{slurm_world.dir}",
+        "SRUNSH_GPUS_PER_NODE": "2",
         "PATH": f"{FIXTURES / 'pyxis'}:{slurm_world.env['PATH']}",
         "REAL_SRUN": shutil.which("srun"),
     }

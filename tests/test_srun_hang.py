@@ -1,6 +1,6 @@
 """srun.sh's hang report, on the two-node test SLURM and with --local: a stand-in training rank stuck in a collective
-or in Python is named in RUN_DIR/hang-report.txt, with its host, whether SIGTERM stops the launch or HANG_TIMEOUT_S
-does; a hang at start names the rank that never joined.
+or in Python is named in RUN_DIR/hang-report.txt, with its host, whether SIGTERM stops the launch or
+SRUNSH_HANG_TIMEOUT_S does; a hang at start names the rank that never joined.
 
 The ranks are tests/fixtures/fake_python with FAKE_STEPS: each installs the real launcher/hang_dumps.py and records
 its steps with the real launcher/progress.py, so srun.sh's watch, its SIGUSR2 to every process of the step, the
@@ -18,7 +18,7 @@ from tests.srun_world import SrunWorld, wait_gone
 
 pytest_plugins = ["tests.srun_world"]
 
-TRAINING = {"GPUS_PER_NODE": "2", "FAKE_STEPS": "100000", "FAKE_STEP_S": "0.1"}
+TRAINING = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_STEPS": "100000", "FAKE_STEP_S": "0.1"}
 
 
 def hang_report(world: SrunWorld) -> str:
@@ -89,7 +89,7 @@ def test_sigterm_names_the_rank_stuck_in_another_collective_and_its_node(slurm_w
 
 
 def test_hang_timeout_names_the_rank_stuck_in_python_and_stops_the_job(slurm_world: SrunWorld):
-    env = {**TRAINING, "FAKE_STUCK": "3:python@3", "HANG_TIMEOUT_S": "3"}
+    env = {**TRAINING, "FAKE_STUCK": "3:python@3", "SRUNSH_HANG_TIMEOUT_S": "3"}
     started = time.monotonic()
     result, _ = slurm_world.in_allocation("--no-container", "recipe.py", env=env)
 
@@ -97,7 +97,8 @@ def test_hang_timeout_names_the_rank_stuck_in_python_and_stops_the_job(slurm_wor
     assert time.monotonic() - started < 60
     first, second, _ = summary(result.stderr)
     assert first.startswith(
-        "srun.sh: hang report (no training step completed for 3 s after step 2 (HANG_TIMEOUT_S=3)): ranks 0-2 wait"
+        "srun.sh: hang report (no training step completed for 3 s after step 2 (SRUNSH_HANG_TIMEOUT_S=3)):"
+        " ranks 0-2 wait"
     )
     assert re.fullmatch(
         r"srun.sh:   not in it: rank 3 on node2 \(pid \d+\): at stuck_in_python \(fake_python:\d+\)", second
@@ -131,7 +132,7 @@ def test_sigterm_at_start_names_the_rank_that_never_joined(srun_world: SrunWorld
 
 
 def test_hang_timeout_with_local_names_the_rank_stuck_in_another_collective(srun_world: SrunWorld):
-    env = {**TRAINING, "GPUS_PER_NODE": "3", "FAKE_STUCK": "2:collective@3", "HANG_TIMEOUT_S": "3"}
+    env = {**TRAINING, "SRUNSH_GPUS_PER_NODE": "3", "FAKE_STUCK": "2:collective@3", "SRUNSH_HANG_TIMEOUT_S": "3"}
     result = srun_world.srun_sh("--local", "recipe.py", env=env, timeout=120)
 
     assert result.returncode == 124, result.stderr

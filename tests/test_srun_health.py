@@ -1,4 +1,4 @@
-"""srun.sh --health and HEALTH=1 on the two-node test SLURM, run as a user would.
+"""srun.sh --health and SRUNSH_HEALTH=1 on the two-node test SLURM, run as a user would.
 
 Every rank runs the real launcher/health.py (tests/fixtures/fake_python hands it to this interpreter) over gloo on the
 CPU, so the GPU figures do not apply; launcher/health_report.py supervises the step and prints the table. A test makes
@@ -19,7 +19,7 @@ from tests.srun_world import SRUN_SH, SrunWorld
 
 pytest_plugins = ["tests.srun_world"]
 
-TWO_BY_TWO = {"GPUS_PER_NODE": "2"}
+TWO_BY_TWO = {"SRUNSH_GPUS_PER_NODE": "2"}
 PARTS = ["start", "gpu", "pair.0.all_reduce", "pair.0.broadcast", "job.all_reduce", "job.broadcast"]
 
 
@@ -37,7 +37,7 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
 
 
 def test_health_check_passes_on_a_healthy_two_node_job_and_prints_its_table(slurm_world: SrunWorld):
-    result, steps = slurm_world.in_allocation("--no-container", "--health", env={"GPUS_PER_NODE": "1"})
+    result, steps = slurm_world.in_allocation("--no-container", "--health", env={"SRUNSH_GPUS_PER_NODE": "1"})
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert steps == 1
@@ -79,7 +79,7 @@ def test_slow_rank_is_named_with_its_node_and_the_fix(slurm_world: SrunWorld):
 
 
 def test_rank_hung_in_a_collective_is_named_with_its_node_within_the_deadline(slurm_world: SrunWorld):
-    env = {**TWO_BY_TWO, "FAKE_HEALTH_HANG": "3", "HEALTH_TIMEOUT_S": "4"}
+    env = {**TWO_BY_TWO, "FAKE_HEALTH_HANG": "3", "SRUNSH_HEALTH_TIMEOUT_S": "4"}
     result, _ = slurm_world.in_allocation("--no-container", "--health", env=env)
     ended = time.time()
 
@@ -98,7 +98,7 @@ def test_rank_hung_in_a_collective_is_named_with_its_node_within_the_deadline(sl
 
 
 def test_batch_job_with_health_requeues_itself_without_the_failing_node(slurm_world: SrunWorld):
-    env = {"HEALTH": "1", "HEALTH_TIMEOUT_S": "4", "FAKE_HEALTH_HANG": "node2", "MAX_RETRIES": "1"}
+    env = {"SRUNSH_HEALTH": "1", "SRUNSH_HEALTH_TIMEOUT_S": "4", "FAKE_HEALTH_HANG": "node2", "SRUNSH_MAX_RETRIES": "1"}
     submitted = slurm_world.on_login_node(
         [str(SRUN_SH), "--sbatch", "--nodes=1-2", "--gpus-per-node=2", "--", "--no-container", "recipe.py"], env=env
     )
@@ -134,12 +134,12 @@ def test_health_check_with_local_measures_the_node_among_its_ranks(srun_world: S
 
 
 def test_dry_run_with_health_shows_the_check_before_the_launch(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", env={**TWO_BY_TWO, "HEALTH": "1"})
+    result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", env={**TWO_BY_TWO, "SRUNSH_HEALTH": "1"})
 
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    check = lines[lines.index("# Health check, run first (HEALTH=1):") + 1]
+    check = lines[lines.index("# Health check, run first (SRUNSH_HEALTH=1):") + 1]
     assert check.endswith(
-        f"--no-python {SRUN_SH} --rank-exec {srun_world.env['PYTHON']} {SRUN_SH.parent}/launcher/health.py"
+        f"--no-python {SRUN_SH} --rank-exec {srun_world.env['SRUNSH_PYTHON']} {SRUN_SH.parent}/launcher/health.py"
     )
     assert lines[-1].endswith("entrypoint.py recipe.py") and srun_world.calls() == []

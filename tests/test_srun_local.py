@@ -1,4 +1,4 @@
-"""srun.sh --local: GPUS_PER_NODE ranks on this host with the rank environment SLURM would give, no SLURM involved.
+"""srun.sh --local: SRUNSH_GPUS_PER_NODE ranks on this host with the rank environment SLURM would give, no SLURM.
 
 CUDA_VISIBLE_DEVICES stands in for the GPUs, and tests/fixtures/fake_python for python."""
 
@@ -16,7 +16,7 @@ pytest_plugins = ["tests.srun_world"]
 
 
 def test_local_ranks_get_rank_variables_a_loopback_master_and_a_run_of_their_own(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "4", "FAKE_RENDEZVOUS": "1"})
+    result = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "4", "FAKE_RENDEZVOUS": "1"})
 
     assert result.returncode == 0, result.stderr
     records = srun_world.records()
@@ -36,7 +36,7 @@ def test_local_ranks_get_rank_variables_a_loopback_master_and_a_run_of_their_own
 
 
 def test_override_with_spaces_quotes_and_newlines_reaches_every_local_rank_unchanged(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", "recipe.py", *HOSTILE_ARGS, env={"GPUS_PER_NODE": "2"})
+    result = srun_world.srun_sh("--local", "recipe.py", *HOSTILE_ARGS, env={"SRUNSH_GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
     expected = [b"recipe.py", *(arg.encode() for arg in HOSTILE_ARGS)]
@@ -54,7 +54,7 @@ def test_local_rank_count_defaults_to_the_visible_gpus(srun_world: SrunWorld):
 
 
 def test_each_rank_has_a_log_of_its_own_and_labelled_console_lines(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "2"})
+    result = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
     assert {"0: rank 0 started", "1: rank 1 started"} <= set(result.stdout.splitlines())
@@ -70,7 +70,7 @@ def test_a_line_written_in_two_parts_stays_whole_in_the_rank_log(srun_world: Sru
     torchrun = f'[ "$1" = -m ] && exec {shlex.quote(sys.executable)} "$@"'  # torchrun is this interpreter's
     rank.write_text(f"#!/bin/sh\n{torchrun}\nprintf half; sleep 0.5; echo 'err line' >&2; sleep 0.5; echo ' done'\n")
     rank.chmod(0o755)
-    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1", "PYTHON": str(rank)})
+    result = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_PYTHON": str(rank)})
 
     assert result.returncode == 0, result.stderr
     (run_dir,) = srun_world.run_dirs()
@@ -80,7 +80,7 @@ def test_a_line_written_in_two_parts_stays_whole_in_the_rank_log(srun_world: Sru
 
 
 def test_network_defaults_reach_ranks_but_user_values_win_and_cuda_connections_stay_unset(srun_world: SrunWorld):
-    env = {"GPUS_PER_NODE": "1", "NCCL_DEBUG": "INFO", "TRITON_CACHE_DIR": "/tmp/shared-triton"}
+    env = {"SRUNSH_GPUS_PER_NODE": "1", "NCCL_DEBUG": "INFO", "TRITON_CACHE_DIR": "/tmp/shared-triton"}
     result = srun_world.srun_sh("--local", "recipe.py", env=env)
 
     assert result.returncode == 0, result.stderr
@@ -105,7 +105,7 @@ def test_network_defaults_reach_ranks_but_user_values_win_and_cuda_connections_s
 
 
 def test_master_port_and_run_id_knobs_reach_local_ranks(srun_world: SrunWorld):
-    env = {"GPUS_PER_NODE": "1", "MASTER_PORT": "31337", "RUN_ID": "my-run.1"}
+    env = {"SRUNSH_GPUS_PER_NODE": "1", "MASTER_PORT": "31337", "SRUNSH_RUN_ID": "my-run.1"}
     result = srun_world.srun_sh("--local", "recipe.py", env=env)
 
     assert result.returncode == 0, result.stderr
@@ -116,11 +116,11 @@ def test_master_port_and_run_id_knobs_reach_local_ranks(srun_world: SrunWorld):
 
 
 def test_an_earlier_run_id_resumes_that_run(srun_world: SrunWorld):
-    first = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1"})
+    first = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "1"})
     assert first.returncode == 0, first.stderr
     (run_dir,) = srun_world.run_dirs()
 
-    again = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1", "RUN_ID": run_dir.name})
+    again = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_RUN_ID": run_dir.name})
 
     assert again.returncode == 0, again.stderr
     assert f"resuming run {run_dir.name}" in again.stderr
@@ -129,8 +129,8 @@ def test_an_earlier_run_id_resumes_that_run(srun_world: SrunWorld):
 
 
 def test_two_local_launches_are_two_runs_with_two_ports(srun_world: SrunWorld):
-    first = srun_world.start("--local", "recipe.py", env={"GPUS_PER_NODE": "1", "FAKE_SLEEP": "3"})
-    second = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "1"})
+    first = srun_world.start("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "1", "FAKE_SLEEP": "3"})
+    second = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "1"})
     first.communicate(timeout=60)
 
     assert (first.returncode, second.returncode) == (0, 0), second.stderr
@@ -139,7 +139,7 @@ def test_two_local_launches_are_two_runs_with_two_ports(srun_world: SrunWorld):
 
 
 def test_failing_local_rank_stops_the_others_and_srun_sh_exits_with_its_status(srun_world: SrunWorld):
-    env = {"GPUS_PER_NODE": "4", "FAKE_FAIL_RANK": "2", "FAKE_FAIL_EXIT": "7", "FAKE_SLEEP": "300"}
+    env = {"SRUNSH_GPUS_PER_NODE": "4", "FAKE_FAIL_RANK": "2", "FAKE_FAIL_EXIT": "7", "FAKE_SLEEP": "300"}
     result = srun_world.srun_sh("--local", "recipe.py", env=env, timeout=90)
 
     assert result.returncode == 7
@@ -160,7 +160,9 @@ def test_python_that_cannot_run_torchrun_is_reported_with_the_end_of_the_launche
     no_torch = srun_world.dir / "python-without-torch"
     no_torch.write_text('#!/bin/sh\necho "No module named torch ($*)" >&2\nexit 1\n')
     no_torch.chmod(0o755)
-    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "2", "PYTHON": str(no_torch)})
+    result = srun_world.srun_sh(
+        "--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2", "SRUNSH_PYTHON": str(no_torch)}
+    )
 
     assert result.returncode == 1
     (run_dir,) = srun_world.run_dirs()
@@ -172,7 +174,7 @@ def test_python_that_cannot_run_torchrun_is_reported_with_the_end_of_the_launche
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_to_local_srun_sh_gives_every_rank_sigterm(srun_world: SrunWorld, sig: signal.Signals):
-    proc = srun_world.start("--local", "recipe.py", env={"GPUS_PER_NODE": "4", "FAKE_SLEEP": "300"})
+    proc = srun_world.start("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "4", "FAKE_SLEEP": "300"})
     try:
         records = srun_world.wait_for_ranks(4)
         proc.send_signal(sig)
@@ -188,7 +190,7 @@ def test_signal_to_local_srun_sh_gives_every_rank_sigterm(srun_world: SrunWorld,
 
 
 def test_a_run_id_that_is_still_running_is_refused_and_the_live_run_is_untouched(srun_world: SrunWorld):
-    env = {"GPUS_PER_NODE": "1", "RUN_ID": "live", "FAKE_SLEEP": "300"}
+    env = {"SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_RUN_ID": "live", "FAKE_SLEEP": "300"}
     first = srun_world.start("--local", "recipe.py", env=env)
     try:
         srun_world.wait_for_ranks(1)
@@ -200,14 +202,14 @@ def test_a_run_id_that_is_still_running_is_refused_and_the_live_run_is_untouched
     assert second.returncode == 2
     (line,) = second.stderr.splitlines()
     assert line.startswith("srun.sh: run live is still running (srun.sh pid ")
-    assert line.endswith(": wait for it to end, or leave RUN_ID unset for a new run")
+    assert line.endswith(": wait for it to end, or leave SRUNSH_RUN_ID unset for a new run")
     assert len(srun_world.calls()) == 1
     (run_dir,) = srun_world.run_dirs()
     assert (run_dir / "logs" / "rank-0.log").read_text() == "rank 0 started\n"
 
 
 def test_rank_logs_and_status_records_are_readable_by_their_owner_only(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "2", "FAKE_FAIL_RANK": "1"})
+    result = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2", "FAKE_FAIL_RANK": "1"})
 
     assert result.returncode == 1
     (run_dir,) = srun_world.run_dirs()

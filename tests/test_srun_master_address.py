@@ -10,7 +10,7 @@ from tests.srun_world import ALLOCATION, REPO, SrunWorld
 
 pytest_plugins = ["tests.srun_world"]
 
-RENDEZVOUS = {"FAKE_RENDEZVOUS": "1", "GPUS_PER_NODE": "4"}
+RENDEZVOUS = {"FAKE_RENDEZVOUS": "1", "SRUNSH_GPUS_PER_NODE": "4"}
 CHOSEN = (
     f"srun.sh: node1's name gives no address but loopback here; MASTER_ADDR={ADDRESSES['node1']}, the address of"
     f" eth0, which routes to node2 ({ADDRESSES['node2']})"

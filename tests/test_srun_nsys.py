@@ -20,7 +20,9 @@ TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
 
 
 def test_nsys_option_tells_the_ranks_and_appends_the_switch_once_never_over_a_user_value(srun_world: SrunWorld):
-    appended = srun_world.srun_sh("--nsys", "--local", "recipe.py", env={"GPUS_PER_NODE": "1", "NSYS": "true"})
+    appended = srun_world.srun_sh(
+        "--nsys", "--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_NSYS": "true"}
+    )
     assert appended.returncode == 0, appended.stderr
     record = srun_world.records()[0]
     assert record["argv"][1:] == [b"recipe.py", b"profiling.use_nsys_profiler=true"]
@@ -31,14 +33,14 @@ def test_nsys_option_tells_the_ranks_and_appends_the_switch_once_never_over_a_us
         "--local",
         "recipe.py",
         "profiling.use_nsys_profiler=false",
-        env={"GPUS_PER_NODE": "1", "NSYS": "true"},
+        env={"SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_NSYS": "true"},
     )
     assert user_set.returncode == 0, user_set.stderr
     assert srun_world.records()[0]["argv"][1:] == [b"recipe.py", b"profiling.use_nsys_profiler=false"]
 
 
 def test_without_nsys_option_the_ranks_are_not_told_to_profile(srun_world: SrunWorld):
-    result = srun_world.srun_sh("--local", "recipe.py", env={"GPUS_PER_NODE": "2"})
+    result = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2"})
 
     assert result.returncode == 0, result.stderr
     for record in srun_world.records().values():
@@ -89,7 +91,12 @@ def test_exactly_the_profile_ranks_run_under_nsys(tiny_config, rank: int, monkey
 
 
 def test_real_entrypoint_ranks_start_nsys_on_themselves_through_srun_sh(srun_world: SrunWorld):
-    env = {"PYTHON": sys.executable, "NSYS": str(FIXTURES / "fake_nsys"), "GPUS_PER_NODE": "2", "HF_HUB_OFFLINE": "1"}
+    env = {
+        "SRUNSH_PYTHON": sys.executable,
+        "SRUNSH_NSYS": str(FIXTURES / "fake_nsys"),
+        "SRUNSH_GPUS_PER_NODE": "2",
+        "HF_HUB_OFFLINE": "1",
+    }
     result = srun_world.srun_sh(
         "--nsys", "--local", TINY, "profiling.profile_ranks=[]", "train.train_iters=20", env=env, timeout=300
     )

@@ -69,7 +69,7 @@ def test_sbatch_on_two_nodes_uses_the_first_nodes_address_not_its_loopback_name(
     resolved_on_node1 = slurm_world.cluster.run(["getent", "ahostsv4", "node1"], host="node1").stdout.split()[0]
     assert resolved_on_node1 == "127.0.1.1"
     script = slurm_world.dir / "job.sh"
-    script.write_text(f"#!/bin/bash\nGPUS_PER_NODE=2 exec {REPO}/srun.sh --no-container recipe.py\n")
+    script.write_text(f"#!/bin/bash\nSRUNSH_GPUS_PER_NODE=2 exec {REPO}/srun.sh --no-container recipe.py\n")
     result = slurm_world.on_login_node(
         ["sbatch", "--wait", *ALLOCATION, "--output=job.out", str(script)], env=RENDEZVOUS, timeout=120
     )
@@ -79,7 +79,9 @@ def test_sbatch_on_two_nodes_uses_the_first_nodes_address_not_its_loopback_name(
 
 
 def test_hostile_overrides_reach_every_rank_of_both_nodes_byte_for_byte(slurm_world: SrunWorld):
-    result, _ = slurm_world.in_allocation("--no-container", "recipe.py", *HOSTILE_ARGS, env={"GPUS_PER_NODE": "2"})
+    result, _ = slurm_world.in_allocation(
+        "--no-container", "recipe.py", *HOSTILE_ARGS, env={"SRUNSH_GPUS_PER_NODE": "2"}
+    )
 
     assert result.returncode == 0, result.stderr
     expected = [b"recipe.py", *(arg.encode() for arg in HOSTILE_ARGS)]
@@ -102,7 +104,7 @@ def test_hostile_overrides_reach_every_rank_of_both_nodes_byte_for_byte(slurm_wo
 )
 def test_task_count_of_the_allocation_does_not_shrink_the_job(slurm_world: SrunWorld, allocation: tuple[str, ...]):
     result, _ = slurm_world.in_allocation(
-        "--no-container", "recipe.py", salloc=allocation, env={"GPUS_PER_NODE": "4", **RENDEZVOUS}
+        "--no-container", "recipe.py", salloc=allocation, env={"SRUNSH_GPUS_PER_NODE": "4", **RENDEZVOUS}
     )
 
     assert result.returncode == 0, result.stderr
@@ -114,7 +116,7 @@ def test_sbatch_with_a_torchrun_style_header_starts_every_rank(slurm_world: Srun
     script = slurm_world.dir / "job.sh"
     script.write_text(
         "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\n"
-        f"GPUS_PER_NODE=3 exec {REPO}/srun.sh --no-container recipe.py\n"
+        f"SRUNSH_GPUS_PER_NODE=3 exec {REPO}/srun.sh --no-container recipe.py\n"
     )
     result = slurm_world.on_login_node(["sbatch", "--wait", "--output=job.out", str(script)], env=RENDEZVOUS)
 
@@ -127,7 +129,7 @@ def test_launch_from_inside_a_job_step_starts_the_whole_job(slurm_world: SrunWor
         "--no-container",
         "recipe.py",
         command=("srun", "--nodes=1", "--ntasks=1"),
-        env={"GPUS_PER_NODE": "2", **RENDEZVOUS},
+        env={"SRUNSH_GPUS_PER_NODE": "2", **RENDEZVOUS},
         timeout=120,
     )
 
@@ -156,7 +158,7 @@ def test_two_launches_in_one_allocation_are_two_runs(slurm_world: SrunWorld):
 
 
 def test_rank_failing_on_node2_stops_both_nodes_and_srun_sh_exits_with_its_status(slurm_world: SrunWorld):
-    env = {"GPUS_PER_NODE": "2", "FAKE_FAIL_RANK": "3", "FAKE_FAIL_EXIT": "3", "FAKE_SLEEP": "300"}
+    env = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_FAIL_RANK": "3", "FAKE_FAIL_EXIT": "3", "FAKE_SLEEP": "300"}
     started = time.monotonic()
     result, steps = slurm_world.in_allocation("--no-container", "recipe.py", env=env)
 
@@ -183,7 +185,7 @@ def pid_gone_eventually(pid: int) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_to_srun_sh_gives_every_rank_on_both_nodes_sigterm(slurm_world: SrunWorld, sig: signal.Signals):
     proc, pid_file = slurm_world.start_in_allocation(
-        "--no-container", "recipe.py", env={"GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
+        "--no-container", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
     )
     try:
         records = slurm_world.wait_for_ranks(4)
@@ -201,7 +203,7 @@ def test_signal_to_srun_sh_gives_every_rank_on_both_nodes_sigterm(slurm_world: S
 
 def test_ctrl_c_to_salloc_gives_every_rank_sigterm_before_any_sigkill(slurm_world: SrunWorld):
     proc, _ = slurm_world.start_in_allocation(
-        "--no-container", "recipe.py", env={"GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
+        "--no-container", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
     )
     try:
         records = slurm_world.wait_for_ranks(4)
@@ -234,7 +236,7 @@ def test_dry_run_inside_an_allocation_shows_the_job_and_starts_no_step(slurm_wor
 
 
 def test_launches_started_together_in_one_allocation_get_runs_and_ports_of_their_own(slurm_world: SrunWorld):
-    """The race of RUN_ID: four srun.sh started at once, three times over, in one allocation."""
+    """The race of SRUNSH_RUN_ID: four srun.sh started at once, three times over, in one allocation."""
     script = slurm_world.dir / "together.sh"
     script.write_text(
         "#!/bin/bash\nfor round in 1 2 3; do\n  for i in 1 2 3 4; do\n"
@@ -243,7 +245,9 @@ def test_launches_started_together_in_one_allocation_get_runs_and_ports_of_their
     )
     script.chmod(0o755)
     result = slurm_world.on_login_node(
-        ["salloc", "--quiet", "--nodes=1", "--gpus-per-node=4", str(script)], env={"GPUS_PER_NODE": "1"}, timeout=180
+        ["salloc", "--quiet", "--nodes=1", "--gpus-per-node=4", str(script)],
+        env={"SRUNSH_GPUS_PER_NODE": "1"},
+        timeout=180,
     )
 
     assert result.returncode == 0, result.stderr

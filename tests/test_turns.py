@@ -32,7 +32,7 @@ stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 beat = "import time\nwhile True:\n    print(time.time(), flush=True)\n    time.sleep(0.01)"
 worker = subprocess.Popen([sys.executable, "-c", beat], stdout=open("heartbeat.txt", "w"))
-writer = EventFileWriter(os.path.join(os.environ["OUTPUT_ROOT"], "tb_logs"))
+writer = EventFileWriter(os.path.join(os.environ["SRUNSH_OUTPUT_ROOT"], "tb_logs"))
 def scalar(tag, value, step, wall):
     summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
     writer.add_event(event_pb2.Event(wall_time=wall, step=step, summary=summary))
@@ -167,7 +167,7 @@ def state(process: psutil.Process) -> str | None:
 def test_a_real_srun_sh_launch_is_paused_whole_once_its_config_is_built_and_leaves_nothing(tmp_path: Path):
     """srun.sh --local, torchrun and entrypoint.py for real, up to pretrain()'s first line (with no GPU here the rank
     fails soon after it). CUDA_VISIBLE_DEVICES stands in for the GPU that srun.sh counts."""
-    env = {"GPUS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": "0", "PYTHON": sys.executable}
+    env = {"SRUNSH_GPUS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": "0", "SRUNSH_PYTHON": sys.executable}
     arm = turns.Arm("ours", tuple(launches.ours(levers.TINY, "train.train_iters=3")), env, 1, 1)
     runner = turns.Turns({"ours": arm}, [], 1, 1, tmp_path, deadline=time.monotonic() + 120)
     runner.record = {"arms": {"ours": turns.arm_record(arm)}, "turns": []}

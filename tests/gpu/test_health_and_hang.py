@@ -27,7 +27,12 @@ NVLINK_GB_S_AT_LEAST = 50.0
 
 
 def srun_sh(tmp_path: Path, *args: str, env: dict[str, str], timeout: int) -> Run:
-    environment = {**os.environ, "GPUS_PER_NODE": str(GPUS), "OUTPUT_ROOT": str(tmp_path / "outputs"), **env}
+    environment = {
+        **os.environ,
+        "SRUNSH_GPUS_PER_NODE": str(GPUS),
+        "SRUNSH_OUTPUT_ROOT": str(tmp_path / "outputs"),
+        **env,
+    }
     started = time.monotonic()
     result = subprocess.run(
         [str(REPO / "srun.sh"), "--local", *args], cwd=tmp_path, env=environment, capture_output=True, text=True,
@@ -71,7 +76,7 @@ def test_hang_report_names_the_training_rank_whose_gpu_stalled(tmp_path: Path, r
     stalled = GPUS - 1
     recipe = str(REPO / "tests" / "gpu" / "stalled_tiny_gpt_pretrain.py")
     overrides = (f"stall_rank={stalled}", "stall_at_step=5", "train.train_iters=1000")
-    run = srun_sh(tmp_path, recipe, *overrides, env={"HANG_TIMEOUT_S": "15"}, timeout=300)
+    run = srun_sh(tmp_path, recipe, *overrides, env={"SRUNSH_HANG_TIMEOUT_S": "15"}, timeout=300)
     report = (run.run_dir / "hang-report.txt").read_text() if run.run_dir else ""
     summary = [line for line in run.log.splitlines() if line.startswith(("srun.sh: hang report", "srun.sh:   "))]
     record(run, gpus=GPUS, summary=summary, report_head=report.splitlines()[:12])

@@ -1,6 +1,6 @@
 """Stop and resume as a batch job does (issue 18), on the tiny recipe: SIGTERM while training, Megatron Bridge's exit
-signal handler saves a checkpoint and stops, and the same RUN_ID resumes from it. The losses after the resume must
-equal those of a run that was never stopped, with DDP and with Megatron FSDP (one GPU each).
+signal handler saves a checkpoint and stops, and the same SRUNSH_RUN_ID resumes from it. The losses after the resume
+must equal those of a run that was never stopped, with DDP and with Megatron FSDP (one GPU each).
 
 `srun.sh --sbatch` turns on train.exit_signal_handler and sends the ranks SIGTERM before the time limit; here SIGTERM
 goes to `srun.sh --local`, which passes it to every rank the same way.
@@ -36,7 +36,12 @@ STOP_AFTER = 8  # SIGTERM once this iteration is logged: the next iteration boun
 
 def launch(workdir: Path, switch: str, run_id: str, stop_after: int | None = None) -> tuple[int, str]:
     """srun.sh --local on one GPU; with stop_after, SIGTERM to srun.sh once that iteration is logged."""
-    env = {**os.environ, "GPUS_PER_NODE": "1", "RUN_ID": run_id, "OUTPUT_ROOT": str(workdir / "outputs")}
+    env = {
+        **os.environ,
+        "SRUNSH_GPUS_PER_NODE": "1",
+        "SRUNSH_RUN_ID": run_id,
+        "SRUNSH_OUTPUT_ROOT": str(workdir / "outputs"),
+    }
     command = [str(REPO / "srun.sh"), "--local", TINY, switch, *COMMON]
     lines: list[str] = []
     with subprocess.Popen(

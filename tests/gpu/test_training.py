@@ -163,7 +163,7 @@ def test_nsys_captures_the_window_on_exactly_the_profiled_rank(launch, record):
 def test_sigterm_inside_the_viztracer_window_keeps_the_window_steps_up_to_the_signal(tmp_path: Path, record):
     """SIGTERM to srun.sh after step 12 of a window 6..400 (issue 19): rank 0's trace holds steps 7 to 12 at least,
     every rank is gone, and the rank logs that the trace was written."""
-    env = {**os.environ, "GPUS_PER_NODE": "1", "OUTPUT_ROOT": str(tmp_path / "outputs")}
+    env = {**os.environ, "SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_OUTPUT_ROOT": str(tmp_path / "outputs")}
     command = [str(REPO / "srun.sh"), "--local", str(REPO / "recipes" / TINY), "train.train_iters=400",
                "profiling.use_viztracer=true", "profiling.profile_step_start=6", "profiling.profile_step_end=400",
                "profiling.profile_ranks=[0]"]  # fmt: skip

@@ -10,6 +10,10 @@ is wrong.
   only one on the loader's path, exports the GIN plugin table that NCCL looks up in it (ncclGinPlugin_v13,
   src/plugin/gin/gin_v13.cc), and was compiled with GDRCopy, whose library (2.5 or newer, aws-ofi-nccl's GIN
   requirement) the loader finds.
+- pip keeps that NCCL: torch 2.11.0 requires nvidia-nccl-cu13==2.28.9 (too old for GIN), so a `pip install` that
+  resolves torch's dependencies would put that one back. The image's PIP_CONSTRAINT pins the wheel, and pip's own
+  dry run of `pip install torch==<installed>` must then either refuse (a conflict with that constraint) or leave the
+  NCCL as it is.
 - The Python stack imports, DeepEP included; their versions are printed.
 - cuDNN: torch and Transformer Engine run the nvidia-cudnn-cu13 wheel at its [python] pin, every library of it, and
   no other cuDNN is mapped.
@@ -21,10 +25,12 @@ There is no GPU during the build: the step puts CUDA's driver stub first on LD_L
 
 import ctypes
 import importlib
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -109,6 +115,26 @@ def runtime_version(library: str) -> str:
     code = ctypes.c_int()
     ctypes.CDLL(library).ncclGetVersion(ctypes.byref(code))
     return f"{code.value // 10000}.{code.value // 100 % 100}.{code.value % 100}"
+
+
+def check_pip_keeps_nccl(expected: str) -> None:
+    """What `pip install torch==<installed>` would do to the NCCL wheel, asked of pip itself (--dry-run): it must
+    either refuse, its conflict naming the pinned NCCL as a constraint, or install no other NCCL."""
+    torch = f"torch=={metadata.version('torch')}"
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.json"
+        command = [sys.executable, "-m", "pip", "install", "--dry-run", "--report", str(report), torch]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        planned = json.loads(report.read_text())["install"] if result.returncode == 0 else []
+    if result.returncode and f"(constraint) {NCCL_WHEEL}=={expected}" not in result.stdout:  # pip's conflict report
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ImageCheckError(f"pip could not tell what `pip install {torch}` would install: {last}")
+    versions = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in planned}
+    if versions.get(NCCL_WHEEL, expected) != expected:
+        raise ImageCheckError(
+            f"a later `pip install {torch}` would replace {NCCL_WHEEL} {expected} by {versions[NCCL_WHEEL]}:"
+            f" PIP_CONSTRAINT ({os.environ.get('PIP_CONSTRAINT', 'unset')}) must pin {NCCL_WHEEL}=={expected}"
+        )
 
 
 def check_cudnn(expected: str) -> str:
@@ -204,6 +230,7 @@ def main(argv: list[str]) -> int:
     try:
         nccl = check_nccl(pinned_version(Path(argv[0]), "python", NCCL_WHEEL))
         check_loader_nccl()
+        check_pip_keeps_nccl(nccl)
         plugin = check_net_plugin()
         gdrcopy = check_gdrcopy()
         check_stack()
@@ -215,6 +242,7 @@ def main(argv: list[str]) -> int:
         return 1
     for distribution in DISTRIBUTIONS:
         print(f"{distribution}=={metadata.version(distribution)}")
+    print(f"pip keeps {NCCL_WHEEL} {nccl} (PIP_CONSTRAINT={os.environ.get('PIP_CONSTRAINT', 'unset')})")
     print(f"NCCL {nccl} from the {NCCL_WHEEL} wheel; NET plugin {plugin} (GIN, GDRCopy {gdrcopy[0]}.{gdrcopy[1]})")
     print(f"cuDNN {cudnn} from the {CUDNN_WHEEL} wheel")
     return 0

@@ -8,7 +8,7 @@
 #   set        PIN VALUE                 VALUE is not empty (pins that name nothing upstream)
 #   git-tag    PIN TAG REPO              REPO has the tag TAG (git ls-remote)
 #   git-commit PIN SHA REPO              REPO serves the full commit SHA (shallow fetch by hash, as the build does)
-#   url        PIN VALUE URL             URL exists (HTTP HEAD, redirects followed)
+#   url        PIN VALUE URL             URL serves its first byte (a ranged GET, redirects followed)
 #   apt        PIN VALUE REPO PACKAGE    the flat apt repository REPO lists PACKAGE (its Packages.gz)
 #
 # Knobs:
@@ -48,9 +48,11 @@ git_commit() {
   rm -rf "$scratch"
 }
 
+# A GET of the first byte, as the build's own download would start: a HEAD request can be refused where the GET is
+# served (the signed URLs that GitHub redirects release assets to are signed for one method).
 url() {
   local pin=$1 value=$2 where=$3
-  curl -fsIL --max-time "$PIN_CHECK_TIMEOUT" -o /dev/null "$where" || fail "$pin" "$value" "no $where"
+  curl -fsL --range 0-0 --max-time "$PIN_CHECK_TIMEOUT" -o /dev/null "$where" || fail "$pin" "$value" "no $where"
 }
 
 apt_package() {
