@@ -401,7 +401,7 @@ class Pace:
         return self.since_s <= STEP_SLACK * self.longest_step_s
 
     def says(self) -> str:
-        return f"last step {self.step}, {self.since_s:.1f} s before the stop"
+        return f"last step {self.step}, {self.since_s:.2f} s before the stop"
 
 
 def pace(ranks: dict[int, Rank]) -> Pace | None:

@@ -268,7 +268,7 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
 
     assert (
         first
-        == "srun.sh: hang report (srun.sh got SIGTERM): training was progressing: last step 7, 0.1 s before the stop"
+        == "srun.sh: hang report (srun.sh got SIGTERM): training was progressing: last step 7, 0.10 s before the stop"
     )
     assert second == "srun.sh:   an ordinary stop: 4 of 4 ranks answered; the longest step so far took 0.30 s"
     assert "not in it" not in report and "Progress: training was progressing: last step 7" in report
