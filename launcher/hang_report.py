@@ -223,12 +223,18 @@ def signal_local(registered: dict[int, dict]) -> str | None:
     return None
 
 
-def same_process(record: dict) -> bool:
+def process_stat(record: dict) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name, while PID is still the process that registered, else None."""
     try:
         stat = Path(f"/proc/{record['pid']}/stat").read_text()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[19] == record.get("start_time")
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields if fields[19] == record.get("start_time") else None
+
+
+def same_process(record: dict) -> bool:
+    return process_stat(record) is not None
 
 
 def ended_ranks(run_dir: Path, world: int) -> dict[int, str]:
@@ -358,10 +364,19 @@ def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
         unstarted = sorted(member for member, state in states.items() if state == "scheduled") if started else []
         found.append(
             Collective(
-                name, desc, sorted(members), seq, ops, sizes, behind, silent, unstarted, gpu_states(known, states),
-                max(entered, default=None),
+                name,
+                desc,
+                sorted(members),
+                seq,
+                ops,
+                sizes,
+                behind,
+                silent,
+                unstarted,
+                gpu_states(known, states),
+                entered_s=max(entered, default=None),
             )
-        )  # fmt: skip
+        )
     return sorted(found, key=lambda c: (not c.outside(), -len(c.waiting()), -len(c.members), c.seq))
 
 
@@ -417,12 +432,8 @@ def pace(ranks: dict[int, Rank]) -> Pace | None:
 
 def process_state(record: dict) -> str:
     """What /proc says of a registered rank's process on this host."""
-    try:
-        stat = Path(f"/proc/{record['pid']}/stat").read_text()
-    except OSError:
-        return "its process is gone"
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[19] != record.get("start_time"):
+    fields = process_stat(record)
+    if fields is None:
         return "its process is gone"
     return PROCESS_STATES.get(fields[0], f"in state {fields[0]}")
 
@@ -710,7 +721,8 @@ def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int)
         lines.append("")
     lines.append("Collectives not completed by every member (torch's flight recorder, oldest first per group):")
     for collective in found:
-        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}")
+        entered = "" if collective.entered_s is None else f", entered {collective.entered_s:.1f} s before the request"
+        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}{entered}")
         for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
             lines.append(f"    in {op}: ranks {ranges(members)}")
         for number in collective.outside():
