@@ -1,6 +1,8 @@
 """srun.sh's hang report, on the two-node test SLURM and with --local: a stand-in training rank stuck in a collective
 or in Python is named in RUN_DIR/hang-report.txt, with its host, whether SIGTERM stops the launch or HANG_TIMEOUT_S
-does; a hang at start names the rank that never joined.
+does; a hang at start names the rank that never joined; a rank that cannot answer (SIGSTOP) is named first, with its
+host and what the launching host sees of it; a stop of a job that was progressing, also at moments drawn at random
+(HANG_TEST_SEED repeats a draw), blames nobody.
 
 The ranks are tests/fixtures/fake_python with FAKE_STEPS: each installs the real launcher/hang_dumps.py and records
 its steps with the real launcher/progress.py, so srun.sh's watch, its SIGUSR2 to every process of the step, the
