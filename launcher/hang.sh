@@ -52,6 +52,7 @@ collect_hang_report() {
     target=(--step "$(launch_step)")
     [[ -n ${target[1]} ]] || return 0 # no step yet: no rank to ask
   fi
+  ((!${HUNG:-0})) || target+=(--stalled) # the hang watch's: a stall, not a stop of a job that may be progressing
   printf -v nodes '%s,' "${HOSTS[@]}"
   python3 "$REPO_DIR/launcher/hang_report.py" "$HOST_RUN_DIR" --why "$1" --world-size "$WORLD_SIZE" \
     --nodes "${nodes%,}" --ranks-per-node "$SRUNSH_GPUS_PER_NODE" "${target[@]}" || true

@@ -11,7 +11,8 @@ registers here) and then reads RUN_DIR/hang/ (launcher/hang.py):
 - fr/rank-R: torch's flight recorder (the recent collectives of every process group, with their sequence numbers
   and states) as torch pickles it (`torchfrtrace` reads it), dumped by a thread that the signal wakes through
   signal.set_wakeup_fd, since the main thread may never run Python again;
-- answer-rank-R.json, once that thread is done: whether torch.distributed was up, the backend, the last step.
+- answer-rank-R.json, once that thread is done: when the request came, whether torch.distributed was up, the
+  backend, the last step, when it completed and the longest step so far (launcher/progress.py, this host's clock).
   The thread needs the GIL: a rank whose stuck thread holds it answers with its stacks only.
 
 SIGUSR2 is blocked in the main thread, so in every thread it starts and in every process the rank starts (the mask is
@@ -95,15 +96,16 @@ def answer_requests(reader: socket.socket, directory: Path, rank: int, stacks: I
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {SIGNAL})  # this thread, and only this one, takes the signal
     while True:
         received = reader.recv(64)
+        asked = time.time()
         if SIGNAL not in received:
             continue  # another signal with a Python handler (SIGINT, SIGTERM): not a request
         try:
-            answer(directory, rank, stacks)
+            answer(directory, rank, stacks, asked)
         except OSError as error:  # a full or vanished run directory: the stacks are written all the same
             print(f"srun.sh hang report: rank {rank} could not answer: {error}", file=sys.stderr, flush=True)
 
 
-def answer(directory: Path, rank: int, stacks: IO[str]) -> None:
+def answer(directory: Path, rank: int, stacks: IO[str], asked: float) -> None:
     """Called once faulthandler has written the stacks: make them durable, dump the flight recorder, say so."""
     try:
         os.fsync(stacks.fileno())  # a network file system shows another host only what reached the server
@@ -112,8 +114,9 @@ def answer(directory: Path, rank: int, stacks: IO[str]) -> None:
     distributed = sys.modules.get("torch.distributed")
     initialized = bool(distributed and distributed.is_available() and distributed.is_initialized())
     backend = str(distributed.get_backend()) if initialized else None
-    result = {"rank": rank, "time": time.time(), "distributed": initialized, "backend": backend}
-    result["last_step"] = progress.LAST_STEP
+    result = {"rank": rank, "time": asked, "distributed": initialized, "backend": backend}
+    last = progress.LAST
+    result.update(last_step=last.step, last_step_time=last.time, longest_step_s=last.longest_step_s)
     if initialized:
         result.update(dump_flight_recorder(directory / "fr" / f"rank-{rank}", backend or ""))
     write_json(directory / f"answer-rank-{rank}.json", result)

@@ -2,10 +2,14 @@
 recorder (SIGUSR2, answered by launcher/hang_dumps.py), then write RUN_DIR/hang-report.txt: which ranks are not in
 the collective that the others wait in, on which host, and the top frames of every rank; a hang at start (ranks
 that never joined torch.distributed) and a rank stuck in torch.distributed's teardown after an error are named as
-such. The console gets three lines.
+such. The console gets three lines; the first names the ranks that did not answer, where any did not.
+
+A stop (not --stalled) of a job that was progressing (its last step completed within twice the longest step so far,
+on the ranks' own clocks) blames nothing: ranks are in collectives all the time. Nor is a collective that its ranks
+entered less than the longest step so far before they were asked evidence of anything, stall or not.
 
     python3 launcher/hang_report.py RUN_DIR --why TEXT --world-size N --nodes HOST,... --ranks-per-node G
-                                    (--step JOB.STEP | --local)
+                                    (--step JOB.STEP | --local) [--stalled]
 
 --step signals the job step with `scancel --signal=USR2` (every process of it: only the rank answers); --local
 signals the pids that the ranks registered (each checked against its process start time). Runs on the launching host
@@ -23,6 +27,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +42,20 @@ THREAD = re.compile(r"^(?:Current thread|Thread) 0x(?P<ident>[0-9a-f]+) \(most r
 RENDEZVOUS_FUNCTIONS = ("init_process_group", "rendezvous", "_store_based_barrier", "_create_c10d_store")
 # Where a rank is once training has failed: Megatron Bridge aborts the process groups, which may never return.
 TEARDOWN_FUNCTIONS = ("destroy_process_group", "_abort_process_group")
+# A stop within this many of the longest steps so far after the last step is a stop of a progressing job: a step may
+# take a little longer than every one before it (few steps seen yet, a logging or evaluation step).
+STEP_SLACK = 2.0
+# /proc/PID/stat's state letters (proc(5)), as the first line says them for a rank that did not answer.
+PROCESS_STATES = {
+    "R": "running (R)",
+    "S": "sleeping (S)",
+    "D": "in uninterruptible sleep (D)",
+    "T": "stopped (T)",
+    "t": "stopped by a tracer (t)",
+    "Z": "exited, not reaped (Z)",
+    "X": "dead (X)",
+    "I": "idle (I)",
+}
 
 
 @dataclasses.dataclass
@@ -57,6 +76,10 @@ class Rank:
         step = (self.answer or {}).get("last_step")
         return "" if step is None else f", last step {step}"
 
+    def silent(self) -> bool:
+        """Registered, still running as far as the records say, and neither its stacks nor its answer came."""
+        return self.registered is not None and not self.ended and not self.answer and not self.frames
+
 
 @dataclasses.dataclass
 class Collective:
@@ -72,6 +95,7 @@ class Collective:
     silent: list[int]  # members without a record
     unstarted: list[int]  # members in it whose GPU never started it, while another member's did (NCCL)
     gpu_states: str  # "started" (every GPU is in it), "scheduled" (no GPU started it), or "" (unknown)
+    entered_s: float | None = None  # how long before its answer the first waiting rank entered it, where known
 
     def waiting(self) -> list[int]:
         return sorted(rank for ranks in self.ops.values() for rank in ranks)
@@ -199,12 +223,18 @@ def signal_local(registered: dict[int, dict]) -> str | None:
     return None
 
 
-def same_process(record: dict) -> bool:
+def process_stat(record: dict) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name, while PID is still the process that registered, else None."""
     try:
         stat = Path(f"/proc/{record['pid']}/stat").read_text()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[19] == record.get("start_time")
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields if fields[19] == record.get("start_time") else None
+
+
+def same_process(record: dict) -> bool:
+    return process_stat(record) is not None
 
 
 def ended_ranks(run_dir: Path, world: int) -> dict[int, str]:
@@ -319,6 +349,7 @@ def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
         seq = min(completed for _, completed in status.values()) + 1
         ops: dict[str, list[int]] = {}
         states: dict[int, str] = {}
+        entered: list[float] = []
         sizes = ""
         for member, (enqueued, completed) in sorted(status.items()):
             if enqueued >= seq > completed:
@@ -326,16 +357,41 @@ def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
                 ops.setdefault(entry.get("profiling_name", "a collective"), []).append(member)
                 states[member] = str(entry.get("state"))
                 sizes = sizes or str(entry.get("input_sizes", ""))
+                entered += in_flight_s(ranks[member], entry)
         behind = sorted(member for member, (enqueued, _) in status.items() if enqueued < seq)
         silent = sorted(member for member in members if member not in records)
         started = [member for member, state in states.items() if state == "started"]
         unstarted = sorted(member for member, state in states.items() if state == "scheduled") if started else []
         found.append(
             Collective(
-                name, desc, sorted(members), seq, ops, sizes, behind, silent, unstarted, gpu_states(known, states)
+                name,
+                desc,
+                sorted(members),
+                seq,
+                ops,
+                sizes,
+                behind,
+                silent,
+                unstarted,
+                gpu_states(known, states),
+                entered_s=max(entered, default=None),
             )
         )
     return sorted(found, key=lambda c: (not c.outside(), -len(c.waiting()), -len(c.members), c.seq))
+
+
+def in_flight_s(rank: Rank, entry: dict) -> list[float]:
+    """How long before its answer the rank had entered the collective (both on its own clock), if both are known."""
+    asked, created = (rank.answer or {}).get("time"), entry.get("time_created_ns")
+    return [asked - created / 1e9] if asked is not None and created is not None else []
+
+
+def evidence(found: list[Collective], pace: Pace | None) -> list[Collective]:
+    """The collectives that say something: one its first rank entered less than the longest step so far before it
+    was asked is the ranks' ordinary work, whatever the others do."""
+    if pace is None:
+        return found
+    return [c for c in found if c.entered_s is None or c.entered_s >= pace.longest_step_s]
 
 
 def gpu_states(groups: list[dict], states: dict[int, str]) -> str:
@@ -346,6 +402,62 @@ def gpu_states(groups: list[dict], states: dict[int, str]) -> str:
         return "started"
     timed = any(entry.get("time_discovered_started_ns") for group in groups for entry in group["entries"].values())
     return "scheduled" if values == {"scheduled"} and timed else ""
+
+
+@dataclasses.dataclass
+class Pace:
+    """Where training was when the ranks were asked, from their answers (launcher/progress.py)."""
+
+    step: int  # the last step a rank completed
+    since_s: float  # from the latest step of any rank to its request, on that rank's clock
+    longest_step_s: float  # the longest step any rank saw so far
+
+    def progressing(self) -> bool:
+        return self.since_s <= STEP_SLACK * self.longest_step_s
+
+    def says(self) -> str:
+        return f"last step {self.step}, {self.since_s:.2f} s before the stop"
+
+
+def pace(ranks: dict[int, Rank]) -> Pace | None:
+    """None before the second step: until then no step's time is known."""
+    answers = [r.answer for r in ranks.values() if r.answer and r.answer.get("longest_step_s") is not None]
+    timed = [a for a in answers if a.get("last_step_time") is not None and a.get("time") is not None]
+    if not timed:
+        return None
+    since = min(max(0.0, a["time"] - a["last_step_time"]) for a in timed)
+    longest = max(a["longest_step_s"] for a in timed)
+    return Pace(max(a["last_step"] for a in timed), since, longest)
+
+
+def process_state(record: dict) -> str:
+    """What /proc says of a registered rank's process on this host."""
+    fields = process_stat(record)
+    if fields is None:
+        return "its process is gone"
+    return PROCESS_STATES.get(fields[0], f"in state {fields[0]}")
+
+
+def seen_of(rank: Rank, ranks: dict[int, Rank], here: str) -> str:
+    """What the launching host can see of a rank that did not answer: its process on this host; of another host,
+    only that no answer came (and whether that host's other ranks answered, i.e. it is up)."""
+    if rank.host == here and rank.registered is not None:
+        return process_state(rank.registered)
+    answered = [r.rank for r in ranks.values() if r.host == rank.host and not r.silent()]
+    return f"no answer from node {rank.host}" + (f" ({ranks_phrase(answered)} on it answered)" if answered else "")
+
+
+def silent_line(silent: list[Rank], ranks: dict[int, Rank], here: str, limit: int = 3) -> str:
+    """'2 rank(s) did not answer: rank 5 on node2 (pid 42): stopped (T); ranks 8-15 on node3: no answer from ...'."""
+    alike: dict[tuple[str, str], list[Rank]] = {}
+    for rank in silent:
+        alike.setdefault((rank.host, seen_of(rank, ranks, here)), []).append(rank)
+    shown = [
+        f"{group[0].where() if len(group) == 1 else f'{ranks_phrase(r.rank for r in group)} on {host}'}: {seen}"
+        for (host, seen), group in list(alike.items())[:limit]
+    ]
+    more = f"; and {len(alike) - limit} more" if len(alike) > limit else ""
+    return f"{len(silent)} rank(s) did not answer: " + "; ".join(shown) + more
 
 
 def in_rendezvous(rank: Rank) -> bool:
@@ -414,9 +526,31 @@ def ranks_list(ranks: list[Rank], found: list[Collective], limit: int = 3) -> st
     return "; ".join(shown) + more
 
 
-def summary(ranks: dict[int, Rank], found: list[Collective], why: str, report: Path) -> list[str]:
-    """The three console lines."""
+def summary(
+    ranks: dict[int, Rank], found: list[Collective], why: str, report: Path, stop: Pace | None = None
+) -> list[str]:
+    """The three console lines. `stop`: how a job that was progressing was stopped; it blames nothing."""
     head = f"srun.sh: hang report ({why}):"
+    silent = [rank for rank in ranks.values() if rank.silent()]
+    said = silent_line(silent, ranks, socket.gethostname()) if silent else ""
+    if stop is not None:
+        answered = sum(1 for r in ranks.values() if r.answer or r.frames)
+        lines = [
+            f"{head} training was progressing: {stop.says()}",
+            f"srun.sh:   {said}"
+            if said
+            else f"srun.sh:   an ordinary stop: {answered} of {len(ranks)} ranks answered;"
+            f" the longest step so far took {stop.longest_step_s:.2f} s",
+        ]
+    else:
+        lines = findings(ranks, found, head)
+        if said:
+            lines = [f"{head} {said}", f"srun.sh:   {lines[0].removeprefix(head).strip()}"]
+    return [*lines, f"srun.sh:   every rank's top frames and torch's analysis: {report}"]
+
+
+def findings(ranks: dict[int, Rank], found: list[Collective], head: str) -> list[str]:
+    """What the records say, in two lines."""
     start = start_hang(ranks)
     if start and start[1]:
         waiting, never = start
@@ -459,7 +593,7 @@ def summary(ranks: dict[int, Rank], found: list[Collective], why: str, report: P
             + at,
             f"srun.sh:   {first.where()}: at {position(first.frames)}" if first else "srun.sh:   no stacks came",
         ]
-    return [*lines, f"srun.sh:   every rank's top frames and torch's analysis: {report}"]
+    return lines
 
 
 # ---- The report file --------------------------------------------------------------------------------------------
@@ -505,7 +639,11 @@ def torch_analysis(ranks: dict[int, Rank], fr_dir: Path) -> list[str]:
     return [f"  `{command}` (exit status {result.returncode}):", *(f"    {line}" for line in output)]
 
 
-def report_text(ranks: dict[int, Rank], found: list[Collective], why: str, run_dir: Path) -> str:
+def report_text(
+    ranks: dict[int, Rank], in_flight: list[Collective], why: str, run_dir: Path, *, seen: Pace | None, stalled: bool
+) -> str:
+    stop = progressing_stop(seen, stalled)
+    found = [] if stop else evidence(in_flight, seen)
     answered = sum(1 for rank in ranks.values() if rank.answer)
     stacks = sum(1 for rank in ranks.values() if rank.frames)
     records = sum(1 for rank in ranks.values() if rank.dump is not None)
@@ -516,8 +654,63 @@ def report_text(ranks: dict[int, Rank], found: list[Collective], why: str, run_d
         f"Why: {why}",
         f"Ranks: {len(ranks)} on {len(hosts)} host(s); stacks from {stacks}, answers from {answered},"
         f" flight recorder records from {records}",
+        *progress_lines(seen, stop),
+        *silent_lines(ranks),
         "",
     ]
+    if stop:
+        lines += in_flight_lines(in_flight)
+    else:
+        lines += findings_lines(ranks, found, len(in_flight) - len(found))
+    lines += ["", f"Main threads, top {TOP_FRAMES} frames (most recent first):", *frames_by_rank(ranks), ""]
+    analysis = ["  not run: training was progressing"] if stop else torch_analysis(ranks, run_dir / "hang" / "fr")
+    lines += ["torch's analysis:", *analysis, ""]
+    lines.append(
+        f"Records: {run_dir / 'hang'}/: stacks-rank-R.txt (every thread of rank R), fr/rank-R (flight recorder),"
+        " answer-rank-R.json"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def progressing_stop(seen: Pace | None, stalled: bool) -> Pace | None:
+    """The pace of a job that a stop (not the hang watch) found progressing, else None."""
+    return seen if seen is not None and not stalled and seen.progressing() else None
+
+
+def progress_lines(seen: Pace | None, stop: Pace | None) -> list[str]:
+    if stop is not None:
+        return [
+            f"Progress: training was progressing: {stop.says()}, the longest step so far took"
+            f" {stop.longest_step_s:.2f} s; the collectives below are its ordinary work"
+        ]
+    if seen is not None:
+        return [
+            f"Progress: last step {seen.step}, {seen.since_s:.1f} s before the ranks were asked; the longest step so"
+            f" far took {seen.longest_step_s:.2f} s"
+        ]
+    return []
+
+
+def silent_lines(ranks: dict[int, Rank]) -> list[str]:
+    silent = [rank for rank in ranks.values() if rank.silent()]
+    if not silent:
+        return []
+    here = socket.gethostname()
+    return [f"Did not answer (seen from {here}):", *(f"  {r.where()}: {seen_of(r, ranks, here)}" for r in silent)]
+
+
+def in_flight_lines(in_flight: list[Collective]) -> list[str]:
+    lines = ["Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):"]
+    for collective in in_flight:
+        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}")
+        for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
+            lines.append(f"    in {op}: ranks {ranges(members)}")
+    return lines if in_flight else [*lines, "  none"]
+
+
+def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int) -> list[str]:
+    """The start, and the collectives that are evidence; `recent`: how many others were left out."""
+    lines: list[str] = []
     start = start_hang(ranks)
     if start:
         waiting, never = start
@@ -528,7 +721,8 @@ def report_text(ranks: dict[int, Rank], found: list[Collective], why: str, run_d
         lines.append("")
     lines.append("Collectives not completed by every member (torch's flight recorder, oldest first per group):")
     for collective in found:
-        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}")
+        entered = "" if collective.entered_s is None else f", entered {collective.entered_s:.1f} s before the request"
+        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}{entered}")
         for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
             lines.append(f"    in {op}: ranks {ranges(members)}")
         for number in collective.outside():
@@ -536,13 +730,9 @@ def report_text(ranks: dict[int, Rank], found: list[Collective], why: str, run_d
             lines.append(f"    not in it: {rank.where()}{rank.last_step()}: {whereabouts(rank, found)}")
     if not found:
         lines.append("  none")
-    lines += ["", f"Main threads, top {TOP_FRAMES} frames (most recent first):", *frames_by_rank(ranks), ""]
-    lines += ["torch's analysis:", *torch_analysis(ranks, run_dir / "hang" / "fr"), ""]
-    lines.append(
-        f"Records: {run_dir / 'hang'}/: stacks-rank-R.txt (every thread of rank R), fr/rank-R (flight recorder),"
-        " answer-rank-R.json"
-    )
-    return "\n".join(lines) + "\n"
+    if recent:
+        lines.append(f"  and {recent} entered less than the longest step so far before the ranks were asked")
+    return lines
 
 
 def collect(args: argparse.Namespace) -> int:
@@ -559,10 +749,12 @@ def collect(args: argparse.Namespace) -> int:
     wait_for_answers(hang, set(registered) - set(ended), before)
     host_of = [host for host in args.nodes.split(",") for _ in range(args.ranks_per_node)]
     ranks = gather(run_dir, args.world_size, host_of, before, ended)
-    found = collectives(ranks, args.world_size)
+    in_flight = collectives(ranks, args.world_size)
+    seen = pace(ranks)
     path = run_dir / "hang-report.txt"
-    path.write_text(report_text(ranks, found, args.why, run_dir))
-    for line in summary(ranks, found, args.why, path):
+    path.write_text(report_text(ranks, in_flight, args.why, run_dir, seen=seen, stalled=args.stalled))
+    stop = progressing_stop(seen, args.stalled)
+    for line in summary(ranks, [] if stop else evidence(in_flight, seen), args.why, path, stop):
         print(line, file=sys.stderr)
     return 0
 
@@ -577,6 +769,7 @@ def main() -> int:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--step", help="JOB.STEP of the ranks (scancel --signal=USR2)")
     target.add_argument("--local", action="store_true", help="signal the registered pids")
+    parser.add_argument("--stalled", action="store_true", help="the hang watch, not a stop, asks")
     return collect(parser.parse_args())
 
 

@@ -7,9 +7,12 @@ rewritten (write, then rename) after every step:
 
 `phase` is "training" after a training or evaluation step, "saving" when a checkpoint save follows the step (a save
 may take minutes without a step; the watch waits for the next record instead), "ended" once training is over.
-Every rank also keeps its last step in memory (LAST_STEP), which its hang-report answer includes.
+Every rank also keeps its last step, when it completed and the longest step so far in memory (LAST), which its
+hang-report answer includes: with them the report tells a stop of a progressing job from a stall, on the rank's own
+clock.
 """
 
+import dataclasses
 import json
 import os
 import time
@@ -18,7 +21,20 @@ from typing import Any, Protocol
 
 PROGRESS_FILE = "progress.json"
 
-LAST_STEP: int | None = None
+
+@dataclasses.dataclass
+class Last:
+    """This rank's last record, and the longest time between two records that followed a training step (the gap
+    after a checkpoint save, and the start before the first step, are not a step's)."""
+
+    step: int | None = None
+    time: float | None = None  # time.time() of the record
+    longest_step_s: float | None = None
+    phase: str | None = None
+    monotonic: float | None = None
+
+
+LAST = Last()
 
 
 class Registry(Protocol):
@@ -32,13 +48,15 @@ class Recorder:
         self.path = run_dir / "hang" / PROGRESS_FILE if rank == 0 else None
 
     def record(self, step: int, phase: str = "training") -> None:
-        global LAST_STEP  # noqa: PLW0603  # the one value the hang-report answer reads
-        LAST_STEP = step
+        now = time.monotonic()
+        if LAST.phase == "training" and LAST.monotonic is not None:
+            LAST.longest_step_s = max(LAST.longest_step_s or 0.0, now - LAST.monotonic)
+        LAST.step, LAST.time, LAST.phase, LAST.monotonic = step, time.time(), phase, now
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{PROGRESS_FILE}.{os.getpid()}")
-        temporary.write_text(json.dumps({"step": step, "phase": phase, "time": time.time()}))
+        temporary.write_text(json.dumps({"step": step, "phase": phase, "time": LAST.time}))
         os.replace(temporary, self.path)
 
 

@@ -4,16 +4,21 @@ driving the step record.
 """
 
 import json
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
 
-from launcher import hang_report, progress
+from launcher import hang_dumps, hang_report, progress
 from launcher.hang_report import Rank
 from launcher.hang_watch import FLOOR_S, START_LIMIT_S, StallClock
 
@@ -181,7 +186,7 @@ def test_megatron_bridges_callbacks_drive_rank_0s_step_record(tmp_path: Path):
     assert json.loads(record.read_text())["phase"] == "training"
     callbacks.fire("on_train_end", context(5))
     assert json.loads(record.read_text())["phase"] == "ended"
-    assert progress.LAST_STEP == 5
+    assert progress.LAST.step == 5
 
 
 def test_other_ranks_keep_their_step_in_memory_only(tmp_path: Path):
@@ -189,7 +194,7 @@ def test_other_ranks_keep_their_step_in_memory_only(tmp_path: Path):
     progress.register(callbacks, tmp_path, rank=3)
     callbacks.fire("on_train_step_end", context(6))
 
-    assert progress.LAST_STEP == 7 and not (tmp_path / "hang").exists()
+    assert progress.LAST.step == 7 and not (tmp_path / "hang").exists()
 
 
 def test_rank_stuck_tearing_down_after_an_error_is_not_a_hang_at_start():
@@ -213,3 +218,149 @@ def test_rank_stuck_tearing_down_after_an_error_is_not_a_hang_at_start():
         second == "srun.sh:   rank 0 on node1 (pid 100): at _abort_process_group (distributed_c10d.py:2101) from "
         "_maybe_destroy_process_group (pretrain.py:282)"
     )
+
+
+# ---- A stop of a progressing job, the collectives that are evidence, the ranks that did not answer (issue 35) ------
+
+
+def documented_default_limit() -> tuple[float, float, float]:
+    """(factor, floor, start) of the hang watch's default limit, as README.md's knob table states it to users."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    match = re.search(r"(\d+) x the longest step so far, at least (\d+) \(before the first step: (\d+)\)", text)
+    assert match, "README.md no longer states the hang watch's default limit"
+    factor, floor, start = (float(group) for group in match.groups())
+    return factor, floor, start
+
+
+@pytest.mark.parametrize("longest_s", [1.0, 29.0, 30.0, 31.0, 95.5])
+def test_default_limit_fires_just_after_what_the_readme_says_and_not_before(longest_s: float):
+    factor, floor, start = documented_default_limit()
+    limit = max(floor, factor * longest_s)
+    assert StallClock(None, now=0.0).observe(None, start + 0.5) is not None
+    clock = StallClock(None, now=0.0)
+    assert clock.observe(None, start - 0.5) is None
+    at = start - 1.0
+    for number, gap in enumerate([longest_s / 2, longest_s, longest_s / 3], start=1):
+        at += gap
+        assert clock.observe(step(number), at) is None
+
+    assert clock.observe(step(3), at + limit - 0.5) is None
+    assert clock.observe(step(3), at + limit + 0.5) is not None
+
+
+def answered(last_step: int, since_s: float, longest_s: float, asked: float = 1_000_000.0) -> dict:
+    return {"time": asked, "last_step": last_step, "last_step_time": asked - since_s, "longest_step_s": longest_s}
+
+
+def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the_collective():
+    """At a stop 0.1 s after step 7 of 0.3 s steps, rank 3 has not reached the all-reduce that ranks 0-2 entered
+    0.05 s ago: an ordinary moment of training, which the report took for a rank stuck outside the collective."""
+    ahead = dump([entry("0", 8, "started") | {"time_created_ns": int((1_000_000.0 - 0.05) * 1e9)}], {"0": (8, 7)})
+    behind = dump([entry("0", 7, "completed")], {"0": (7, 7)})
+    ranks = ranks_with({0: ahead, 1: ahead, 2: ahead, 3: behind})
+    for number, rank in ranks.items():
+        rank.answer = answered(7, 0.1 + 0.01 * number, 0.3)
+    found = hang_report.collectives(ranks, 4)
+    seen = hang_report.pace(ranks)
+    assert found[0].outside() == [3] and seen is not None
+
+    stop = hang_report.progressing_stop(seen, stalled=False)
+    first, second, _ = hang_report.summary(ranks, [], "srun.sh got SIGTERM", Path("/r/hang-report.txt"), stop)
+    report = hang_report.report_text(ranks, found, "srun.sh got SIGTERM", Path("/r"), seen=seen, stalled=False)
+
+    assert (
+        first
+        == "srun.sh: hang report (srun.sh got SIGTERM): training was progressing: last step 7, 0.10 s before the stop"
+    )
+    assert second == "srun.sh:   an ordinary stop: 4 of 4 ranks answered; the longest step so far took 0.30 s"
+    assert "not in it" not in report and "Progress: training was progressing: last step 7" in report
+    assert hang_report.progressing_stop(seen, stalled=True) is None  # the hang watch's stall keeps the analysis
+
+
+def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_not_evidence():
+    entered = 1_000_000.0 - 0.2
+    ahead = dump([entry("0", 8, "started") | {"time_created_ns": int(entered * 1e9)}], {"0": (8, 7)}, "[0, 1]")
+    behind = dump([entry("0", 7, "completed")], {"0": (7, 7)}, "[0, 1]")
+    ranks = ranks_with({0: ahead, 1: behind})
+    for rank in ranks.values():
+        rank.answer = answered(7, 30.0, 0.5)  # no step for 30 s: no progressing job
+    seen = hang_report.pace(ranks)
+    found = hang_report.collectives(ranks, 2)
+
+    assert found[0].entered_s == pytest.approx(0.2, abs=0.01)
+    assert hang_report.evidence(found, seen) == []
+    old = dump(
+        [entry("0", 8, "started") | {"time_created_ns": int((1_000_000.0 - 29.0) * 1e9)}], {"0": (8, 7)}, "[0, 1]"
+    )
+    ranks[0].dump = old
+    assert hang_report.evidence(hang_report.collectives(ranks, 2), seen)[0].outside() == [1]
+
+
+def test_no_step_time_before_the_second_step():
+    ranks = ranks_with({0: dump([], {})})
+    ranks[0].answer = {"time": 5.0, "last_step": 1, "last_step_time": 4.0, "longest_step_s": None}
+
+    assert hang_report.pace(ranks) is None
+
+
+def registered_as(pid: int, host: str) -> dict:
+    return {"pid": pid, "host": host, "start_time": hang_dumps.process_start_time(pid), "main_thread": 1}
+
+
+def test_rank_that_did_not_answer_on_this_host_is_named_with_its_process_state():
+    here = socket.gethostname()
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while hang_report.process_state(registered_as(frozen.pid, here)) != "stopped (T)":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        ranks = {
+            0: Rank(0, here, registered=registered_as(os.getpid(), here), answer={"last_step": 3}, frames=["x (y:1)"]),
+            1: Rank(1, here, registered=registered_as(frozen.pid, here)),
+        }
+        first, second, _ = hang_report.summary(ranks, [], "no step for 40 s", Path("/r/hang-report.txt"))
+    finally:
+        frozen.kill()
+        frozen.wait()
+
+    assert first == (
+        f"srun.sh: hang report (no step for 40 s): 1 rank(s) did not answer: rank 1 on {here} (pid {frozen.pid}):"
+        " stopped (T)"
+    )
+    assert second == "srun.sh:   no rank waits in a collective that another rank is not in; 1 of 2 answered, at step 3"
+    assert hang_report.process_state(ranks[1].registered) == "its process is gone"
+
+
+def test_rank_on_another_host_is_no_answer_from_that_node_even_where_this_host_could_read_its_pid():
+    """On the test cluster the nodes are namespaces of one machine: a pid of node2 is readable here. What counts is the
+    host it registered from."""
+    ranks = {
+        0: Rank(0, "node2", registered=registered_as(os.getpid(), "node2")),
+        1: Rank(1, "node2", registered=registered_as(os.getpid(), "node2"), answer={"last_step": 3}),
+        2: Rank(2, "node3", registered=registered_as(os.getpid(), "node3")),
+        3: Rank(3, "node3", registered=registered_as(os.getpid(), "node3")),
+    }
+
+    first, _, _ = hang_report.summary(ranks, [], "why", Path("/r"))
+
+    assert first == (
+        f"srun.sh: hang report (why): 3 rank(s) did not answer: rank 0 on node2 (pid {os.getpid()}): no answer from"
+        " node node2 (rank 1 on it answered); ranks 2-3 on node3: no answer from node node3"
+    )
+
+
+def test_recorder_keeps_the_longest_step_but_not_the_start_nor_a_checkpoint_save(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(progress, "LAST", progress.Last())  # a process records one training
+    recorder = progress.Recorder(tmp_path, rank=1)
+    recorder.record(1)
+    time.sleep(0.05)
+    recorder.record(2, "saving")
+    time.sleep(0.3)  # the save
+    recorder.record(2)
+    time.sleep(0.1)
+    recorder.record(3)
+
+    assert progress.LAST.step == 3 and 0.1 <= progress.LAST.longest_step_s < 0.3
+    assert abs(progress.LAST.time - time.time()) < 0.1

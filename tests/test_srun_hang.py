@@ -1,6 +1,8 @@
 """srun.sh's hang report, on the two-node test SLURM and with --local: a stand-in training rank stuck in a collective
 or in Python is named in RUN_DIR/hang-report.txt, with its host, whether SIGTERM stops the launch or
-SRUNSH_HANG_TIMEOUT_S does; a hang at start names the rank that never joined.
+SRUNSH_HANG_TIMEOUT_S does; a hang at start names the rank that never joined; a rank that cannot answer (SIGSTOP) is
+named first, with its host and what the launching host sees of it; a stop of a job that was progressing, also at
+moments drawn at random (HANG_TEST_SEED repeats a draw), blames nobody.
 
 The ranks are tests/fixtures/fake_python with FAKE_STEPS: each installs the real launcher/hang_dumps.py and records
 its steps with the real launcher/progress.py, so srun.sh's watch, its SIGUSR2 to every process of the step, the
@@ -8,13 +10,17 @@ stacks (faulthandler), torch's flight recorder (gloo's) and the report are all t
 the rank that sticks, and how: that is the stand-in's only part.
 """
 
+import json
 import os
+import random
 import re
 import signal
 import time
 from pathlib import Path
 
-from tests.srun_world import SrunWorld, wait_gone
+import pytest
+
+from tests.srun_world import REPO, SrunWorld, wait_gone
 
 pytest_plugins = ["tests.srun_world"]
 
@@ -30,6 +36,7 @@ def summary(stderr: str) -> list[str]:
     """srun.sh's three lines about the hang."""
     lines = stderr.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("srun.sh: hang report ("))
+    print(*lines[first : first + 3], sep="\n")  # shown when a test fails
     return lines[first : first + 3]
 
 
@@ -142,3 +149,149 @@ def test_hang_timeout_with_local_names_the_rank_stuck_in_another_collective(srun
     assert "it waits in gloo:all_reduce #1" in second
     assert all(wait_gone([record["pid"]], timeout=10) for record in srun_world.records().values())
     assert wait_gone(processes_of(srun_world.run_dirs()[0]), timeout=10)
+
+
+# ---- A stop of a progressing job, and a rank that cannot answer (issue 35) ----------------------------------------
+
+WHOLE_NODES = {**TRAINING, "SRUNSH_GPUS_PER_NODE": "4"}  # the test cluster's two nodes x 4 ranks
+# Words of a diagnosis: none of them may appear about a job that was progressing.
+BLAME = ("not in it", "suspect", "network", "never started", "stuck", "never joined", "did not answer")
+PROGRESSING = re.compile(r"training was progressing: last step (\d+), (\d+(?:\.\d+)?) s before the stop")
+
+
+def assert_blames_nobody(stderr: str, report: str) -> None:
+    first, second, _ = summary(stderr)
+    assert PROGRESSING.search(first), first
+    for word in BLAME:
+        assert word not in first + second, (word, first, second)
+        assert word not in report, (word, report)
+
+
+def test_sigterm_while_training_progresses_says_so_and_blames_nobody(slurm_world: SrunWorld):
+    proc, pid_file = slurm_world.start_in_allocation("--no-container", "recipe.py", env=WHOLE_NODES)
+    wait_for_step(slurm_world, 5)
+    stderr = stop(proc, pid_file, signal.SIGTERM)
+
+    assert proc.returncode == 143, stderr
+    first, _, _ = summary(stderr)
+    assert first.startswith("srun.sh: hang report (srun.sh got SIGTERM): training was progressing: last step "), first
+    assert_blames_nobody(stderr, hang_report(slurm_world))
+    assert "Ranks: 8 on 2 host(s); stacks from 8, answers from 8, flight recorder records from 8" in hang_report(
+        slurm_world
+    )
+
+
+def sigstop_at_step(world: SrunWorld, rank: int, step: int) -> int:
+    """SIGSTOP to `rank` once step `step` completed, as a frozen process or a debugger would leave it; its pid."""
+    wait_for_step(world, step)
+    (run_dir,) = world.run_dirs()
+    pid = int(json.loads((run_dir / "hang" / f"rank-{rank}.json").read_text())["pid"])
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def continue_after_the_report(world: SrunWorld, pid: int, timeout: float = 60) -> None:
+    """SIGCONT once the report is written, so that the stopped rank takes the SIGTERM that follows without waiting
+    for the launcher's SIGKILL."""
+    deadline = time.monotonic() + timeout
+    while not any((run_dir / "hang-report.txt").exists() for run_dir in world.run_dirs()):
+        assert time.monotonic() < deadline, "no hang report"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGCONT)
+
+
+def test_hang_timeout_names_the_stopped_rank_on_the_other_node_first(slurm_world: SrunWorld):
+    env = {**WHOLE_NODES, "SRUNSH_HANG_TIMEOUT_S": "3"}
+    proc, _ = slurm_world.start_in_allocation("--no-container", "recipe.py", env=env)
+    pid = sigstop_at_step(slurm_world, 5, 3)
+    continue_after_the_report(slurm_world, pid)
+    _, stderr = proc.communicate(timeout=120)
+
+    assert proc.returncode == 124, stderr
+    first, second, _ = summary(stderr)
+    assert re.fullmatch(
+        r"srun.sh: hang report \(no training step completed for 3 s after step \d+ \(SRUNSH_HANG_TIMEOUT_S=3\)\):"
+        rf" 1 rank\(s\) did not answer: rank 5 on node2 \(pid {pid}\): no answer from node node2"
+        r" \(ranks 4,6-7 on it answered\)",
+        first,
+    ), first
+    assert "rank(s) not in it" in second, second  # the others wait for it in the step's all-reduce
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_hang_timeout_with_local_names_the_stopped_rank_and_its_state_first(srun_world: SrunWorld, world_size: int):
+    """One rank is the case of the issue: the report said '0 of 1 answered' and 'no stacks came'."""
+    env = {**TRAINING, "SRUNSH_GPUS_PER_NODE": str(world_size), "SRUNSH_HANG_TIMEOUT_S": "3"}
+    proc = srun_world.start("--local", "recipe.py", env=env)
+    stopped = world_size - 1
+    pid = sigstop_at_step(srun_world, stopped, 3)
+    continue_after_the_report(srun_world, pid)
+    _, stderr = proc.communicate(timeout=120)
+
+    assert proc.returncode == 124, stderr
+    first, _, _ = summary(stderr)
+    host = os.uname().nodename
+    assert first.endswith(f": 1 rank(s) did not answer: rank {stopped} on {host} (pid {pid}): stopped (T)"), first
+
+
+def wait_past_step(world: SrunWorld, step: int, timeout: float = 60) -> None:
+    """Until rank 0 recorded step `step` or a later one (fast steps go by between two looks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run_dir in world.run_dirs():
+            try:
+                if json.loads((run_dir / "hang" / "progress.json").read_text())["step"] >= step:
+                    return
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"no step {step} within {timeout}s")
+
+
+def report_now(world: SrunWorld, ranks_per_node: int) -> tuple[str, str]:
+    """The hang report of the running job, made from the login node as srun.sh makes it at a stop; its console lines
+    and its file. The job goes on."""
+    steps = world.on_login_node(["squeue", "--noheader", "--steps", "--format=%i %j"]).stdout.split("\n")
+    (step,) = [line.split()[0] for line in steps if " srunsh-" in line]
+    (run_dir,) = world.run_dirs()
+    arguments = ["--world-size", str(2 * ranks_per_node), "--nodes", "node1,node2"]
+    command = [
+        "python3",
+        str(REPO / "launcher" / "hang_report.py"),
+        str(run_dir),
+        "--why",
+        "srun.sh got SIGTERM",
+        *arguments,
+        "--ranks-per-node",
+        str(ranks_per_node),
+        "--step",
+        step,
+    ]
+    result = world.on_login_node(command)
+    assert result.returncode == 0, result.stderr
+    return result.stderr, hang_report(world)
+
+
+def test_reports_at_random_moments_of_a_progressing_job_blame_nobody(slurm_world: SrunWorld):
+    """Stacks and flight recorder records taken when the code did not choose: steps short enough that most of a
+    step is its all-reduce, so that the ranks are caught entering, inside and leaving it."""
+    seed = int(os.environ.get("HANG_TEST_SEED", time.time_ns() % 2**32))
+    chooser = random.Random(seed)
+    print(f"HANG_TEST_SEED={seed}")
+    proc, pid_file = slurm_world.start_in_allocation(
+        "--no-container", "recipe.py", env={**WHOLE_NODES, "FAKE_STEP_S": "0.02"}
+    )
+    try:
+        wait_past_step(slurm_world, 10)
+        for _ in range(5):
+            time.sleep(chooser.uniform(0.0, 1.0))
+            assert_blames_nobody(*report_now(slurm_world, ranks_per_node=4))
+        time.sleep(chooser.uniform(0.0, 1.0))
+    except BaseException:
+        proc.kill()
+        raise
+    stderr = stop(proc, pid_file, signal.SIGTERM)
+
+    assert proc.returncode == 143, stderr
+    assert_blames_nobody(stderr, hang_report(slurm_world))
