@@ -30,6 +30,7 @@ from pathlib import Path
 
 OUTLIER = 0.9  # a figure below 90% of the job's median is an outlier
 NOISE_CHANCE = 0.001  # a link is condemned when noise would rank its retests so in at most 1 check of 1,000
+SUSPECT_CHANCE = 0.05  # and is suspect, when low, at 1 in 20: what noise does more often is no finding
 POLL_S = 0.5
 STOP_GRACE_S = 60.0
 GPU_FIGURES = (("free_gib", "free GiB", "free memory"), ("matmul_tflops", "matmul TF/s", "bf16 matmul"))
@@ -341,8 +342,9 @@ def noise_chance(own: list[float], reference: list[float]) -> float:
 def judge_links(nodes: list[Node], records: dict[int, dict]) -> None:
     """A node whose retests were measured is judged on them: slow when the best samples of its pairs (with the same
     partner and another) are more than 10% below the reference pair's (those two partners) and noise would rank them
-    so in at most NOISE_CHANCE of checks; suspect when only one of the two holds; ok when neither (the first figure
-    was noise). One not retested whose best pair is more than 10% below the nodes' median is suspect."""
+    so in at most NOISE_CHANCE of checks; suspect when they are that far below and noise would rank them so in at most
+    SUSPECT_CHANCE, or when noise would not but they are less far below; else ok (the first figure was noise). One
+    not retested whose best pair is more than 10% below the nodes' median is suspect."""
     measured = retests(records)
     for key, _, name in LINK_FIGURES[2:]:
         op = key.split(".")[1]
@@ -364,7 +366,8 @@ def judge_link(node: Node, name: str, measured: list[dict]) -> None:
     reference = [m["figure"] for m in measured if m["role"] == "reference"]
     below = 1 - statistics.median(own) / statistics.median(reference)
     chance = noise_chance(own, reference)
-    if below <= 1 - OUTLIER and chance > NOISE_CHANCE:
+    far = below > 1 - OUTLIER
+    if (far and chance > SUSPECT_CHANCE) or (not far and chance > NOISE_CHANCE):
         return
     pair = "-".join(next(m["pair"] for m in measured if m["role"] == "reference"))
     partners = " and ".join(sorted({h for m in measured if m["role"] != "reference" for h in m["pair"]} - {node.host}))
@@ -372,7 +375,7 @@ def judge_link(node: Node, name: str, measured: list[dict]) -> None:
         f"{name} with {partners} {statistics.median(own):.3g} GB/s is {below:.0%} below {pair}'s"
         f" {statistics.median(reference):.3g} (the median best sample of {len(own)} and {len(reference)} retests)"
     )
-    if below > 1 - OUTLIER and chance <= NOISE_CHANCE:
+    if far and chance <= NOISE_CHANCE:
         node.fail("slow", f"{what}; noise ranks them so in {chance:.2g} of checks")
     else:
         node.fail("suspect", f"suspect, not excluded: {what}, which noise does in {chance:.2g} of checks")

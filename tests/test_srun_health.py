@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import SlurmCluster, capped_link
+from tests.slurm_cluster import SlurmCluster, capped_link, slurm_cluster_three  # noqa: F401 (a fixture)
 from tests.srun_world import SRUN_SH, SrunWorld, _world_on
 
 pytest_plugins = ["tests.srun_world"]
@@ -35,7 +35,7 @@ CAP_GB_S = 500e6 / 8 / 1e9  # tbf at 500 Mbit/s
 
 
 @pytest.fixture
-def slurm_world_three(tmp_path, slurm_cluster_three: SlurmCluster):
+def slurm_world_three(tmp_path, slurm_cluster_three: SlurmCluster):  # noqa: F811
     yield from _world_on(tmp_path, slurm_cluster_three)
 
 
