@@ -11,10 +11,15 @@ node measures the same part at the same time):
   node.all_reduce    among the ranks of this node (NVLink); then node.broadcast
   pair.K.all_reduce  round K of the pairs of nodes: node i with node i XOR 2^K, so ceil(log2 N) rounds of N/2
                      pairs each, every node with a new partner; then pair.K.broadcast
+  retest.J.all_reduce  only when a node's best pair is more than 10% below the nodes' median in either op, by its
+                     median or its best sample (a suspect): its measurement again, against the same partner and
+                     against another, with the pair of those two partners between them as the reference,
+                     RETEST_CYCLES times (at the largest size), so that launcher/health_report.py can tell a slow link
+                     from noise; then retest.J.broadcast
   job.all_reduce     over the whole job; then job.broadcast
 Collectives report bus bandwidth (nccl-tests' definition) at a few message sizes; every rate is the median of a few
-samples, with the best sample beside it. Without CUDA the check runs with gloo on the CPU, and the GPU part records
-that it does not apply.
+samples, with the best sample beside it and every sample at the largest size. Without CUDA the check runs with gloo
+on the CPU, and the GPU part records that it does not apply.
 """
 
 import json
@@ -35,6 +40,14 @@ CPU_SIZES = (16 << 10, 256 << 10, 1 << 20)  # gloo on a CPU: small enough to sta
 WARMUP, SAMPLES, CALLS = 2, 8, 2
 MATMUL_N, MATMUL_CALLS = 8192, 4
 COPY_BYTES, COPY_CALLS = 1 << 30, 2
+Pair = tuple[int, int]  # two nodes, by their index in the job, the lower first
+SUSPECT = 0.9  # a node whose best pair is below 90% of the nodes' median is retested (health_report.OUTLIER)
+# Each cycle measures a suspect's pair with the same partner and with another, each after the reference (the pair of
+# those two partners): 2 x RETEST_CYCLES measurements of the suspect against as many of the reference. With 12 and 12,
+# launcher/health_report.py's rank test rules out noise (1 check in 1,000) even when 20 of the 144 (own, reference)
+# comparisons go the other way: one dip of a reference measurement below all of a slow link's does not hide it.
+RETEST_CYCLES = 6
+RETEST_SAMPLES = 16  # a retest's best sample is what the link did when nothing else got in the way (noise only slows)
 
 
 class Record:
@@ -96,9 +109,55 @@ def round_pairs(nodes: int, round_: int) -> list[tuple[int, int]]:
     return [(node, node ^ (1 << round_)) for node in range(nodes) if node < node ^ (1 << round_) < nodes]
 
 
-def rates(work: float, samples: list[float]) -> tuple[float, float]:
-    """(median, best) of work per second over the samples' seconds."""
-    return work / statistics.median(samples), work / min(samples)
+def rates(work: float, samples: list[float]) -> tuple[float, float, list[float]]:
+    """(median, best, every sample) of work per second over the samples' seconds."""
+    return work / statistics.median(samples), work / min(samples), [round(work / sample, 6) for sample in samples]
+
+
+def best_pairs(pairs: dict[tuple[int, int], float]) -> dict[int, tuple[float, int]]:
+    """Each node's best pair, (figure, partner), of the pairs measured (node, node): figure."""
+    best: dict[int, tuple[float, int]] = {}
+    for (a, b), figure in sorted(pairs.items()):
+        for node, partner in ((a, b), (b, a)):
+            if node not in best or figure > best[node][0]:
+                best[node] = (figure, partner)
+    return best
+
+
+def suspects(best: dict[int, tuple[float, int]]) -> list[int]:
+    """The nodes whose best pair is below SUSPECT times the nodes' median (none of fewer than three nodes: a pair's
+    two nodes share its figure)."""
+    if len(best) < 3:
+        return []
+    middle = statistics.median(figure for figure, _ in best.values())
+    return sorted(node for node, (figure, _) in best.items() if figure < SUSPECT * middle)
+
+
+def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[tuple[int, str, tuple[int, int]]]]:
+    """The retests of every suspect of any figure ({figure: best pairs}), as steps of (suspect, role, pair) whose
+    pairs share no node (they run at once): per cycle, the reference, the same partner, the reference, another
+    partner (the best of the rest in that figure)."""
+    measurements = []
+    for _ in range(RETEST_CYCLES):
+        for suspect in sorted({node for best in flagged.values() for node in suspects(best)}):
+            op = next(op for op, best in flagged.items() if suspect in suspects(best))
+            best = flagged[op]
+            same = best[suspect][1]
+            other = max((figure, node) for node, (figure, _) in best.items() if node not in (suspect, same))[1]
+            for role, partner in (("same", same), ("other", other)):
+                measurements.append((suspect, "reference", ordered(same, other)))
+                measurements.append((suspect, role, ordered(suspect, partner)))
+    steps: list[list[tuple[int, str, tuple[int, int]]]] = []
+    for measurement in measurements:  # into the last step unless a node of its pair is busy there
+        if steps and not any(set(measurement[2]) & set(pair) for _, _, pair in steps[-1]):
+            steps[-1].append(measurement)
+        else:
+            steps.append([measurement])
+    return steps
+
+
+def ordered(a: int, b: int) -> tuple[int, int]:
+    return min(a, b), max(a, b)
 
 
 def bus_factor(op: str, ranks: int) -> float:
@@ -143,18 +202,18 @@ class Check:
         result = {"applicable": True, "visible": torch.cuda.device_count(), "device": self.local_rank}
         result.update(name=properties.name, uuid=str(properties.uuid), free_gib=free / 2**30, total_gib=total / 2**30)
         self.record.stage("matmul")
-        result["matmul_tflops"], result["matmul_tflops_best"] = self.matmul_rate()
+        result["matmul_tflops"], result["matmul_tflops_best"], result["matmul_tflops_samples"] = self.matmul_rate()
         self.record.stage("hbm copy")
-        result["hbm_tb_s"], result["hbm_tb_s_best"] = self.copy_rate()
+        result["hbm_tb_s"], result["hbm_tb_s_best"], result["hbm_tb_s_samples"] = self.copy_rate()
         self.record.done(result)
 
-    def timed(self, work: Callable[[], object], calls: int) -> list[float]:
-        """Seconds per call of work, SAMPLES times over `calls` calls each, after WARMUP calls."""
+    def timed(self, work: Callable[[], object], calls: int, count: int = SAMPLES) -> list[float]:
+        """Seconds per call of work, `count` times over `calls` calls each, after WARMUP calls."""
         for _ in range(WARMUP):
             work()
         self.synchronize()
         samples = []
-        for _ in range(SAMPLES):
+        for _ in range(count):
             started = time.perf_counter()
             for _ in range(calls):
                 work()
@@ -162,19 +221,24 @@ class Check:
             samples.append((time.perf_counter() - started) / calls)
         return samples
 
-    def matmul_rate(self) -> tuple[float, float]:
+    def matmul_rate(self) -> tuple[float, float, list[float]]:
         torch, n = self.torch, MATMUL_N
         a, b = (torch.randn(n, n, dtype=torch.bfloat16, device=self.device) for _ in range(2))
         return rates(2 * n**3 / 1e12, self.timed(lambda: torch.matmul(a, b), MATMUL_CALLS))
 
-    def copy_rate(self) -> tuple[float, float]:
+    def copy_rate(self) -> tuple[float, float, list[float]]:
         source = self.torch.empty(COPY_BYTES, dtype=self.torch.uint8, device=self.device)
         target = self.torch.empty_like(source)
         return rates(2 * COPY_BYTES / 1e12, self.timed(lambda: target.copy_(source), COPY_CALLS))  # read + write
 
-    def collectives(self, prefix: str, ranks: list[int] | None, group: object, extra: dict[str, Any]) -> None:
+    def collectives(
+        self, prefix: str, ranks: list[int] | None, group: object, extra: dict[str, Any], retest: bool = False
+    ) -> dict[str, float]:
         """`prefix`.all_reduce, then `prefix`.broadcast, among `ranks` (group None: the world); ranks None: this rank
-        sits the part out, but joins its barriers."""
+        sits the part out, but joins its barriers. A retest measures the largest size only, RETEST_SAMPLES times.
+        Returns {op: the median at the largest size, "op best": the best sample there}."""
+        sizes, count = (self.sizes[-1:], RETEST_SAMPLES) if retest else (self.sizes, SAMPLES)
+        largest = {}
         for op in ("all_reduce", "broadcast"):
             # Every node measures the same part at the same time: each sees the network as loaded as the others do.
             self.record.enter(f"{prefix}.{op}", list(range(self.dist.get_world_size())), stage="barrier")
@@ -183,17 +247,22 @@ class Check:
                 continue
             self.record.enter(f"{prefix}.{op}", ranks)
             median, best = {}, {}
-            for size in self.sizes:
-                median[str(size)], best[str(size)] = self.bus_bandwidth(op, size, ranks, group)
-            self.record.done({**extra, "ranks": ranks, "busbw_gb_s": median, "busbw_gb_s_best": best})
+            for size in sizes:  # ascending: the samples kept are the largest size's
+                median[str(size)], best[str(size)], samples = self.bus_bandwidth(op, size, ranks, group, count)
+            largest[op], largest[f"{op} best"] = median[str(sizes[-1])], best[str(sizes[-1])]
+            result = {"ranks": ranks, "busbw_gb_s": median, "busbw_gb_s_best": best, "busbw_gb_s_samples": samples}
+            self.record.done({**extra, **result})
+        return largest
 
-    def bus_bandwidth(self, op: str, size: int, ranks: list[int], group: object) -> tuple[float, float]:
+    def bus_bandwidth(
+        self, op: str, size: int, ranks: list[int], group: object, count: int
+    ) -> tuple[float, float, list[float]]:
         dist = self.dist
         tensor = self.torch.zeros(size // 4, dtype=self.torch.float32, device=self.device)
         if op == "all_reduce":
-            samples = self.timed(lambda: dist.all_reduce(tensor, group=group), CALLS)
+            samples = self.timed(lambda: dist.all_reduce(tensor, group=group), CALLS, count)
         else:
-            samples = self.timed(lambda: dist.broadcast(tensor, src=ranks[0], group=group), CALLS)
+            samples = self.timed(lambda: dist.broadcast(tensor, src=ranks[0], group=group), CALLS, count)
         return rates(size * bus_factor(op, len(ranks)) / 1e9, samples)
 
     def new_groups(self, part: str, groups: list[list[int]], desc: str) -> object | None:
@@ -208,6 +277,41 @@ class Check:
             mine = group if ranks is own else mine
         return mine
 
+    def pair_figures(self, measured: dict[Pair, dict[str, float]]) -> dict[str, dict[Pair, float]]:
+        """{op, or "op best": {pair of nodes: figure}} of the whole job from each rank's own pairs: a pair's figure is
+        its slowest member's, as launcher/health_report.py takes it. A capped link shows in its best samples even
+        when noise drags the healthy pairs' medians as low."""
+        gathered: list[Any] = [None] * self.dist.get_world_size()
+        self.dist.all_gather_object(gathered, measured)
+        figures: dict[str, dict[Pair, float]] = {}
+        for pairs in gathered:
+            for pair, ops in pairs.items():
+                for op, figure in ops.items():
+                    figures.setdefault(op, {})
+                    figures[op][pair] = min(figure, figures[op].get(pair, figure))
+        return figures
+
+    def retests(self, nodes: list[list[int]], hosts: list[str], mine: int, measured: dict) -> None:
+        """The retests of the suspects (retest_plan), as every rank plans them from the job's pair figures."""
+        figures = self.pair_figures(measured)
+        plan = retest_plan({op: best_pairs(pairs) for op, pairs in figures.items()})
+        pairs = sorted({pair for step in plan for _, _, pair in step})
+        groups = {}
+        if pairs:
+            self.record.enter("retest.0.all_reduce", None, stage="group")
+        for a, b in pairs:  # every rank creates every group, in one order
+            groups[a, b] = self.dist.new_group(sorted(nodes[a] + nodes[b]), group_desc="health retest")
+        name = [hosts[ranks[0]] for ranks in nodes]
+        for index, step in enumerate(plan):
+            own = next((m for m in step if mine in m[2]), None)
+            if own is None:
+                self.collectives(f"retest.{index}", None, None, {})
+                continue
+            suspect, role, (a, b) = own
+            extra = {"suspect": name[suspect], "role": role, "pair": [name[a], name[b]]}
+            ranks = sorted(nodes[a] + nodes[b])
+            self.collectives(f"retest.{index}", ranks, groups[a, b], extra, retest=True)
+
     def run(self) -> None:
         hosts = self.start()
         self.record.enter("gpu", [self.rank])
@@ -219,11 +323,17 @@ class Check:
         if node_groups:
             group = self.new_groups("node.all_reduce", node_groups, "health node")
             self.collectives("node", nodes[mine] if group else None, group, {})
+        measured = {}
         for round_, partner in pair_rounds(len(nodes), mine):
             pairs = [sorted(nodes[a] + nodes[b]) for a, b in round_pairs(len(nodes), round_)]
             group = self.new_groups(f"pair.{round_}.all_reduce", pairs, f"health pair round {round_}")
             ranks = sorted(nodes[mine] + nodes[partner]) if partner is not None else None
-            self.collectives(f"pair.{round_}", ranks, group, {"partner": hosts[nodes[partner][0]]} if ranks else {})
+            extra = {"partner": hosts[nodes[partner][0]]} if ranks else {}
+            figures = self.collectives(f"pair.{round_}", ranks, group, extra)
+            if partner is not None:
+                measured[ordered(mine, partner)] = figures
+        if len(nodes) > 2:
+            self.retests(nodes, hosts, mine, measured)
         if len(nodes) > 1:
             self.collectives("job", list(range(len(hosts))), None, {})
         self.dist.destroy_process_group()

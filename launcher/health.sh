@@ -3,7 +3,7 @@
 # launcher/health.py
 # in the launch's own srun step (geometry, container, environment), and launcher/health_report.py on this host
 # enforces each part's deadline and prints the table. A batch job whose check fails requeues itself without the
-# nodes that failed. Sourced by srun.sh, whose variables and helpers (die, q, launch, requeue_batch_job) it uses.
+# nodes that failed (health/failed-nodes: the condemned ones; a suspect node is named, not excluded, and passes). Sourced by srun.sh, whose variables and helpers (die, q, launch, requeue_batch_job) it uses.
 
 validate_health_knobs() {
   [[ $SRUNSH_HEALTH == [01] ]] ||

@@ -6,11 +6,13 @@ RUN_DIR/health.json: node, ranks, each figure, a verdict, and every outlier name
 
 The table goes to stdout.
 Exit status 0 when every node passes, 1 otherwise; RUN_DIR/health/failed-nodes then lists the nodes to exclude
-(a batch job with SRUNSH_HEALTH=1 excludes them when it requeues itself). A node fails when a figure of it is more than
-10% below the job's median (and further than the job's samples spread), when a rank of it reports an error, or
-when the check hangs there: a rank that stays in one part longer than the deadline is stuck, and the blame goes
-to the members of its group that never reached that part, else to the group itself (its node, or its pair of
-nodes). Standard library only.
+(a batch job with SRUNSH_HEALTH=1 excludes them before it requeues itself). A node fails when a GPU or node figure
+of it is more than 10% below the job's median (and further than the job's samples typically spread), when its
+retests show its link slow beyond noise (see judge_link), when a rank of it reports an error, or when the check
+hangs there: a rank that stays in one part longer than the deadline is stuck, and the blame goes to the members of
+its group that never reached that part, else to the group itself (its node, or its pair of nodes). A node whose link
+may be slow, but not beyond noise, is "suspect": named with its figures, not excluded. Standard library only (the
+launching host may have no SciPy: the rank test is a few lines here).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import time
 from pathlib import Path
 
 OUTLIER = 0.9  # a figure below 90% of the job's median is an outlier
+NOISE_CHANCE = 0.001  # a link is condemned when noise would rank its retests so in at most 1 check of 1,000
+SUSPECT_CHANCE = 0.05  # and is suspect, when low, at 1 in 20: what noise does more often is no finding
 POLL_S = 0.5
 STOP_GRACE_S = 60.0
 GPU_FIGURES = (("free_gib", "free GiB", "free memory"), ("matmul_tflops", "matmul TF/s", "bf16 matmul"))
@@ -75,10 +79,11 @@ class Node:
     gpus: str = "n/a"
     verdict: str = "ok"
     reasons: list[str] = dataclasses.field(default_factory=list)
+    evidence: list[dict] = dataclasses.field(default_factory=list)  # the samples each flagged figure rests on
 
     def fail(self, verdict: str, reason: str) -> None:
-        """Worse verdicts win: hang and fail over slow, slow over blocked, blocked over ok."""
-        order = ["ok", "blocked", "slow", "fail", "hang"]
+        """Worse verdicts win: hang and fail over slow, slow over blocked, blocked over suspect, suspect over ok."""
+        order = ["ok", "suspect", "blocked", "slow", "fail", "hang"]
         if order.index(verdict) > order.index(self.verdict):
             self.verdict = verdict
         self.reasons.append(reason)
@@ -183,16 +188,16 @@ def largest(bandwidth: dict[str, float]) -> float | None:
 def part_order(part: str) -> tuple[int, int, int]:
     """Where a part comes in every rank's sequence (start, gpu, node, pair rounds, job)."""
     stage, *rest = part.split(".")
-    base = {"start": 0, "gpu": 1, "node": 2, "pair": 3, "job": 4}[stage]
-    number = int(rest[0]) if stage == "pair" else 0
+    base = {"start": 0, "gpu": 1, "node": 2, "pair": 3, "retest": 4, "job": 5}[stage]
+    number = int(rest[0]) if stage in ("pair", "retest") else 0
     op = 1 if part.endswith("broadcast") else 0
     return base, number, op
 
 
 def describe(part: str) -> str:
     words = part.replace("all_reduce", "all-reduce").split(".")
-    if words[0] == "pair":
-        return f"pair round {words[1]} {words[2]}"
+    if words[0] in ("pair", "retest"):
+        return f"{words[0]} round {words[1]} {words[2]}"
     return {"start": "the start (torch import, rendezvous)", "gpu": "the GPU test"}.get(part, " ".join(words))
 
 
@@ -206,6 +211,14 @@ def link_figures(records: dict[int, dict], ranks: list[int], part: str) -> tuple
     medians = [largest(result["busbw_gb_s"]) for result in results]
     bests = [largest(result.get("busbw_gb_s_best") or result["busbw_gb_s"]) for result in results]
     return min(m for m in medians if m is not None), min(b for b in bests if b is not None)
+
+
+def link_samples(records: dict[int, dict], ranks: list[int], part: str) -> list[float]:
+    """The samples at the largest size of a collective part's slowest member (whose median is the figure)."""
+    group = next((records[r]["results"][part]["ranks"] for r in ranks if part in records[r]["results"]), [])
+    results = [records[rank]["results"][part] for rank in group if part in records.get(rank, {}).get("results", {})]
+    slowest = min(results, key=lambda result: largest(result["busbw_gb_s"]) or 0.0, default={})
+    return slowest.get("busbw_gb_s_samples", [])
 
 
 def fill_figures(node: Node, records: dict[int, dict]) -> None:
@@ -269,7 +282,10 @@ def flag_outliers(nodes: list[Node], records: dict[int, dict]) -> None:
                 if below is not None:
                     value, middle = values[rank][0], statistics.median(medians)
                     node.fail("slow", f"rank {rank}: {name} {value:.3g} is {below:.0%} below the median {middle:.3g}")
-    for key, _, name in LINK_FIGURES:
+                    node.evidence.append(
+                        {"figure": name, "samples": {f"rank {rank}": gpus[rank].get(f"{key}_samples")}}
+                    )
+    for key, _, name in LINK_FIGURES[:2]:  # the node figures; the pairs' are judge_links'
         measured = {
             node.host: (node.figures[key], node.best[key]) for node in nodes if node.figures.get(key) is not None
         }
@@ -281,6 +297,93 @@ def flag_outliers(nodes: list[Node], records: dict[int, dict]) -> None:
             if below is not None:
                 value, middle = measured[node.host][0], statistics.median(medians)
                 node.fail("slow", f"{name} {value:.3g} GB/s is {below:.0%} below the median {middle:.3g}")
+                samples = {node.host: link_samples(records, [r for r in node.ranks if r in records], key)}
+                node.evidence.append({"figure": name, "samples": samples})
+    judge_links(nodes, records)
+
+
+def retests(records: dict[int, dict]) -> list[dict]:
+    """Every retest measurement of a pair (launcher/health.py): suspect, role (same, other, reference), pair, op,
+    its figure (the slowest member's best sample: noise only slows a sample, a capped link caps every one) and its
+    samples."""
+    measured: dict[tuple[str, tuple[int, ...]], dict] = {}
+    for record in records.values():
+        for part, result in record["results"].items():
+            key = (part, tuple(result.get("ranks", ())))
+            if not part.startswith("retest.") or "suspect" not in result or key in measured:
+                continue
+            figure = link_figures(records, result["ranks"], part)[1]
+            measured[key] = {**{k: result[k] for k in ("suspect", "role", "pair")}, "op": part.rsplit(".", 1)[1]}
+            measured[key] |= {"figure": figure, "samples": link_samples(records, result["ranks"], part)}
+    in_order = sorted(measured, key=lambda key: (part_order(key[0]), key[1]))  # as measured
+    return [measured[key] for key in in_order]
+
+
+def arrangements(low: int, high: int) -> list[int]:
+    """For u = 0, 1, ...: in how many of the C(low + high, low) orders of `low` values among `high` others exactly u
+    (low value, high value) pairs are out of order; the coefficients of the Gaussian binomial [low + high, low]."""
+    counts = [1] + [0] * (low * high + low)
+    for i in range(1, low + 1):  # times (1 - q^(high + i)) / (1 - q^i)
+        for u in range(len(counts) - 1, high + i - 1, -1):
+            counts[u] -= counts[u - high - i]
+        for u in range(i, len(counts)):
+            counts[u] += counts[u - i]
+    return counts[: low * high + 1]
+
+
+def noise_chance(own: list[float], reference: list[float]) -> float:
+    """The chance that measurements of one link, all alike, rank `own` at least as far below `reference` as they
+    are (the exact one-sided Mann-Whitney test; a tie counts against the verdict)."""
+    inverted = sum(1 for a in own for b in reference if a >= b)
+    counts = arrangements(len(own), len(reference))
+    return sum(counts[: inverted + 1]) / sum(counts)
+
+
+def judge_links(nodes: list[Node], records: dict[int, dict]) -> None:
+    """A node whose retests were measured is judged on them: slow when the best samples of its pairs (with the same
+    partner and another) are more than 10% below the reference pair's (those two partners) and noise would rank them
+    so in at most NOISE_CHANCE of checks; suspect when they are that far below and noise would rank them so in at most
+    SUSPECT_CHANCE, or when noise would not but they are less far below; else ok (the first figure was noise). One
+    not retested whose best pair is more than 10% below the nodes' median is suspect."""
+    measured = retests(records)
+    for key, _, name in LINK_FIGURES[2:]:
+        op = key.split(".")[1]
+        figures = {node.host: node.figures[key] for node in nodes if node.figures.get(key) is not None}
+        middle = statistics.median(figures.values()) if len(figures) > 2 else None
+        for node in nodes:
+            own = [m for m in measured if m["suspect"] == node.host and m["op"] == op]
+            flagged = middle is not None and node.host in figures and figures[node.host] < OUTLIER * middle
+            if own:
+                judge_link(node, name.removeprefix("best "), own)
+            elif flagged:
+                below = 1 - figures[node.host] / middle
+                reason = f"{name} {figures[node.host]:.3g} GB/s is {below:.0%} below the median {middle:.3g} in one"
+                node.fail("suspect", f"suspect, not excluded: {reason} measurement, not retested")
+
+
+def judge_link(node: Node, name: str, measured: list[dict]) -> None:
+    own = [m["figure"] for m in measured if m["role"] != "reference"]
+    reference = [m["figure"] for m in measured if m["role"] == "reference"]
+    below = 1 - statistics.median(own) / statistics.median(reference)
+    chance = noise_chance(own, reference)
+    far = below > 1 - OUTLIER
+    if (far and chance > SUSPECT_CHANCE) or (not far and chance > NOISE_CHANCE):
+        return
+    pair = "-".join(next(m["pair"] for m in measured if m["role"] == "reference"))
+    partners = " and ".join(sorted({h for m in measured if m["role"] != "reference" for h in m["pair"]} - {node.host}))
+    what = (
+        f"{name} with {partners} {statistics.median(own):.3g} GB/s is {below:.0%} below {pair}'s"
+        f" {statistics.median(reference):.3g} (the median best sample of {len(own)} and {len(reference)} retests)"
+    )
+    if far and chance <= NOISE_CHANCE:
+        node.fail("slow", f"{what}; noise ranks them so in {chance:.2g} of checks")
+    else:
+        node.fail("suspect", f"suspect, not excluded: {what}, which noise does in {chance:.2g} of checks")
+    samples = {" ".join(m["pair"]): [] for m in measured}
+    for m in measured:
+        samples[" ".join(m["pair"])].append(m["figure"])
+    label = "best sample of each retest, in order"
+    node.evidence.append({"figure": name, "what": label, "samples": samples, "below": below, "noise_chance": chance})
 
 
 def blame(late: list[int], records: dict[int, dict], layout: Layout, nodes: dict[str, Node], timeout: float) -> str:
@@ -403,6 +506,7 @@ def console(run: Run, nodes: list[Node], job: str) -> list[str]:
     for node in nodes:
         fix = f": exclude it: --exclude={node.host}" if node.failed else ""
         lines += [f"srun.sh: {node.host}: {reason}{fix}" for reason in node.reasons]
+        lines += [f"srun.sh: {node.host}:   {line}" for line in evidence_lines(node)]
     if job:
         lines.append(f"srun.sh: the job: {job}")
     failed = ",".join(node.host for node in nodes if node.failed)
@@ -415,7 +519,20 @@ def console(run: Run, nodes: list[Node], job: str) -> list[str]:
     elif job:
         lines.append(f"srun.sh: health check failed; {results}")
     else:
-        lines.append(f"srun.sh: health check passed on all {len(nodes)} node(s); {results}")
+        suspect = [node.host for node in nodes if node.verdict == "suspect"]
+        but = f", {','.join(suspect)} suspect (not excluded: run the check again)" if suspect else ""
+        lines.append(f"srun.sh: health check passed on all {len(nodes)} node(s){but}; {results}")
+    return lines
+
+
+def evidence_lines(node: Node) -> list[str]:
+    """The samples of each flagged figure, as they were measured: GB/s (TF/s, TB/s for a GPU's)."""
+    lines = []
+    for evidence in node.evidence:
+        parts = [
+            f"{where} {' '.join(number(v) for v in values or [])}" for where, values in evidence["samples"].items()
+        ]
+        lines.append(f"{evidence['figure']} {evidence.get('what', 'samples')}: " + "; ".join(parts))
     return lines
 
 
@@ -428,6 +545,7 @@ def write_results(run: Run, nodes: list[Node], job: str) -> bool:
         "seconds": round(run.seconds, 1),
         "timeout_s": run.timeout,
         "failed_nodes": failed,
+        "suspect_nodes": [node.host for node in nodes if node.verdict == "suspect"],
         "job": {**job_figures(run.records), "finding": job or None},
         "nodes": [dataclasses.asdict(node) for node in nodes],
         "ranks": {str(rank): record for rank, record in sorted(run.records.items())},

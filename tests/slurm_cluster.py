@@ -42,7 +42,8 @@ NODE_GPUS = 4
 START_TIMEOUT_S = 60
 CONTROLLER = "ctl"
 NODES = ("node1", "node2")
-ADDRESSES = {CONTROLLER: f"{SUBNET}.10", "node1": f"{SUBNET}.11", "node2": f"{SUBNET}.12"}
+THREE_NODES = ("node1", "node2", "node3")
+ADDRESSES = {CONTROLLER: f"{SUBNET}.10", **{node: f"{SUBNET}.{11 + index}" for index, node in enumerate(THREE_NODES)}}
 
 
 @dataclasses.dataclass
@@ -72,6 +73,8 @@ class SlurmCluster:
     hosts: dict[str, Host]
     env: dict[str, str]  # os.environ without SLURM job variables, plus SLURM_CONF
     daemons: dict[str, subprocess.Popen] = dataclasses.field(default_factory=dict)
+    nodes: tuple[str, ...] = NODES
+    bridge: subprocess.Popen | None = None  # the holder of the bridge's namespace, where each node's veth ends
 
     @property
     def login(self) -> Host:
@@ -163,17 +166,17 @@ def _sh(args: list[str]) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True, timeout=20)
 
 
-def _hosts_file(name: str, lists_itself: bool) -> str:
+def _hosts_file(name: str, lists_itself: bool, nodes: tuple[str, ...]) -> str:
     lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{name}"]  # as Debian's installer writes it
-    lines += [f"{address}\t{host}" for host, address in ADDRESSES.items() if lists_itself or host != name]
+    lines += [f"{ADDRESSES[host]}\t{host}" for host in (CONTROLLER, *nodes) if lists_itself or host != name]
     return "\n".join(lines) + "\n"
 
 
-def _make_host(root: Path, name: str, bridge: subprocess.Popen, node_addr: bool) -> Host:
+def _make_host(root: Path, name: str, bridge: subprocess.Popen, node_addr: bool, names: tuple[str, ...]) -> Host:
     holder = _holder(["--net", "--uts", "--mount", "--propagation", "private"], name)
     host = Host(name=name, address=ADDRESSES[name], holder=holder, local=root / "hosts" / name)
     host.local.mkdir(parents=True)
-    (host.local / "hosts").write_text(_hosts_file(name, lists_itself=node_addr))
+    (host.local / "hosts").write_text(_hosts_file(name, node_addr, names))
     inside = ["nsenter", f"--target={holder.pid}"]
     _sh([*inside, "--uts", "hostname", name])
     for source, target in (
@@ -216,7 +219,7 @@ def _make_bridge() -> subprocess.Popen:
     return bridge
 
 
-def _write_config(root: Path, node_addr: bool) -> Path:
+def _write_config(root: Path, node_addr: bool, names: tuple[str, ...]) -> Path:
     local = root / "local"  # each host mounts its own directory here
     local.mkdir()
     (root / "nsswitch.conf").write_text("passwd: files\ngroup: files\nshadow: files\nhosts: files\n")
@@ -226,11 +229,12 @@ def _write_config(root: Path, node_addr: bool) -> Path:
     root.chmod(0o755)
     (root / "plugstack.conf").write_text("")  # no SPANK plugins (pyxis), whatever /etc/slurm holds
     (root / "cgroup.conf").write_text("IgnoreSystemd=yes\n")
-    (root / "gres.conf").write_text(f"NodeName=node[1-2] Name=gpu File={local}/gpu[0-{NODE_GPUS - 1}]\n")
+    span = f"node[1-{len(names)}]"
+    (root / "gres.conf").write_text(f"NodeName={span} Name=gpu File={local}/gpu[0-{NODE_GPUS - 1}]\n")
     nodes = "\n".join(
         f"NodeName={node}{f' NodeAddr={ADDRESSES[node]}' if node_addr else ''} CPUs={NODE_CPUS}"
         f" Gres=gpu:{NODE_GPUS} State=UNKNOWN"
-        for node in NODES
+        for node in names
     )
     conf = root / "slurm.conf"
     conf.write_text(
@@ -267,8 +271,8 @@ MessageTimeout=20
 MinJobAge=2
 SchedulerParameters=bf_interval=1
 {nodes}
-PartitionName=gpu Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
-PartitionName=shared Nodes=node[1-2] MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes={span} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
+PartitionName=shared Nodes={span} MaxTime=INFINITE State=UP
 """
     )
     return conf
@@ -296,7 +300,7 @@ def _start_daemons(cluster: SlurmCluster) -> None:
         cluster.daemons[name] = _daemon(cluster, munged, host.name)
         _wait_for(socket_file.exists, cluster.daemons, 10, f"{name} socket")
     cluster.daemons["slurmctld"] = _daemon(cluster, ["slurmctld", "-D", "-i", "-f", str(conf)], CONTROLLER)
-    for node in NODES:
+    for node in cluster.nodes:
         cluster.daemons[f"slurmd@{node}"] = _daemon(cluster, ["slurmd", "-D", "-f", str(conf)], node)
 
 
@@ -325,28 +329,29 @@ def job_environment(base: dict[str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_cluster(node_addr: bool) -> Iterator[SlurmCluster]:
-    """ctl, node1 and node2 up until the block ends; node_addr=False: SLURM's default naming (see the module text)."""
+def running_cluster(node_addr: bool, nodes: tuple[str, ...] = NODES) -> Iterator[SlurmCluster]:
+    """ctl and the nodes (node1 and node2, or THREE_NODES) up until the block ends; node_addr=False: SLURM's default
+    naming (see the module text)."""
     root = Path(tempfile.mkdtemp(prefix="srunsh-slurm-"))
     env = {**job_environment(dict(os.environ)), "SLURM_CONF": str(root / "slurm.conf")}
     holders: list[subprocess.Popen] = []
-    cluster = SlurmCluster(root=root, conf=root / "slurm.conf", hosts={}, env=env)
+    cluster = SlurmCluster(root=root, conf=root / "slurm.conf", hosts={}, env=env, nodes=nodes)
     try:
         try:
             started = time.monotonic()
-            _write_config(root, node_addr)
-            bridge = _make_bridge()
+            _write_config(root, node_addr, nodes)
+            cluster.bridge = bridge = _make_bridge()
             holders.append(bridge)
-            for name in (CONTROLLER, *NODES):
-                cluster.hosts[name] = _make_host(root, name, bridge, node_addr)
+            for name in (CONTROLLER, *nodes):
+                cluster.hosts[name] = _make_host(root, name, bridge, node_addr, nodes)
                 holders.append(cluster.hosts[name].holder)
             _start_daemons(cluster)
-            idle = ["idle"] * len(NODES)
+            idle = ["idle"] * len(nodes)
             _wait_for(lambda: cluster.node_states() == idle, cluster.daemons, START_TIMEOUT_S, "SLURM nodes idle")
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
             detail = getattr(err, "stderr", "") or ""
             pytest.fail(f"could not start SLURM: {err} {detail}\n{cluster.logs()}", pytrace=False)
-        print(f"\n[slurm_cluster] ctl, node1, node2 up in {time.monotonic() - started:.1f} s")
+        print(f"\n[slurm_cluster] {', '.join((CONTROLLER, *nodes))} up in {time.monotonic() - started:.1f} s")
         yield cluster
     finally:
         if cluster.daemons.get("slurmctld") and cluster.daemons["slurmctld"].poll() is None:
@@ -375,6 +380,31 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 def slurm_cluster_by_name() -> Iterator[SlurmCluster]:
     with running_cluster(node_addr=False) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_three() -> Iterator[SlurmCluster]:
+    """ctl, node1, node2 and node3 (the two-node layout otherwise): for what needs a majority of healthy nodes."""
+    with running_cluster(node_addr=True, nodes=THREE_NODES) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def capped_link(cluster: SlurmCluster, node: str, mbit: int) -> Iterator[None]:
+    """`node`'s link to the bridge carries at most `mbit` Mbit/s each way while the block runs: tc's token-bucket
+    filter (tbf) on both ends of its veth, eth0 in the node (what it sends) and v-NODE at the bridge (what it gets).
+    The bucket holds 64 KiB, one GSO packet: a link that is slow sends no message faster, while a bucket of a few
+    milliseconds of the rate would let a 1 MiB message through at full speed."""
+    assert cluster.bridge is not None
+    tbf = ["tbf", "rate", f"{mbit}mbit", "burst", str(64 << 10), "latency", "50ms"]
+    ends = [(cluster.hosts[node].pid, "eth0"), (cluster.bridge.pid, f"v-{node}")]
+    for pid, device in ends:
+        _sh(["nsenter", f"--target={pid}", "--net", "tc", "qdisc", "add", "dev", device, "root", *tbf])
+    try:
+        yield
+    finally:
+        for pid, device in ends:
+            _sh(["nsenter", f"--target={pid}", "--net", "tc", "qdisc", "del", "dev", device, "root"])
 
 
 def pid_gone(pid: int) -> bool:

@@ -257,9 +257,9 @@ def _world_on(tmp_path: Path, cluster: SlurmCluster) -> Iterator[SrunWorld]:
         cluster.run(["scancel", "--full", *leftover], timeout=20)
     cluster.wait_idle()
     deadline = time.monotonic() + 10
-    while any(cluster.processes_on(node) for node in NODES) and time.monotonic() < deadline:
+    while any(cluster.processes_on(node) for node in cluster.nodes) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = {node: cluster.processes_on(node) for node in NODES}
+    left = {node: cluster.processes_on(node) for node in cluster.nodes}
     assert not any(left.values()), f"processes left on the nodes after the job: {left}"
 
 
