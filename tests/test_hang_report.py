@@ -343,7 +343,9 @@ def test_stop_during_start_up_blames_what_is_older_than_the_hang_watchs_limit():
     stop, evidence = hang_report.judge(ranks, hang_report.collectives(ranks, 4), None, watch, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
 
-    assert stop is None and first.endswith("; 1 rank(s) not in it") and second.startswith("srun.sh:   not in it: rank 3")
+    assert (
+        stop is None and first.endswith("; 1 rank(s) not in it") and second.startswith("srun.sh:   not in it: rank 3")
+    )
 
 
 def test_stop_at_start_names_the_rank_that_never_joined_only_after_the_hang_watchs_limit():
