@@ -6,7 +6,9 @@ such. The console gets three lines; the first names the ranks that did not answe
 
 A stop (not --stalled) of a job that was progressing (its last step completed within twice the longest step so far,
 on the ranks' own clocks) blames nothing: ranks are in collectives all the time. Nor is a collective that its ranks
-entered less than the longest step so far before they were asked evidence of anything, stall or not.
+entered less than the longest step so far before they were asked evidence of anything, stall or not. A stop before
+a step time is known (start-up, the first steps) blames only what is older than the hang watch's limit then
+(RUN_DIR/hang/watch.json; none while the watch is off): start-up takes as long as it takes.
 
     python3 launcher/hang_report.py RUN_DIR --why TEXT --world-size N --nodes HOST,... --ranks-per-node G
                                     (--step JOB.STEP | --local) [--stalled]
@@ -386,12 +388,13 @@ def in_flight_s(rank: Rank, entry: dict) -> list[float]:
     return [asked - created / 1e9] if asked is not None and created is not None else []
 
 
-def evidence(found: list[Collective], pace: Pace | None) -> list[Collective]:
-    """The collectives that say something: one its first rank entered less than the longest step so far before it
-    was asked is the ranks' ordinary work, whatever the others do."""
-    if pace is None:
+def evidence(found: list[Collective], least_s: float | None) -> list[Collective]:
+    """The collectives that say something: one its first rank entered less than `least_s` (the longest step so far;
+    at a stop before a step time is known, the hang watch's limit) before it was asked is ordinary work, whatever the
+    others do. None: every one."""
+    if least_s is None:
         return found
-    return [c for c in found if c.entered_s is None or c.entered_s >= pace.longest_step_s]
+    return [c for c in found if c.entered_s is None or c.entered_s >= least_s]
 
 
 def gpu_states(groups: list[dict], states: dict[int, str]) -> str:
@@ -527,20 +530,19 @@ def ranks_list(ranks: list[Rank], found: list[Collective], limit: int = 3) -> st
 
 
 def summary(
-    ranks: dict[int, Rank], found: list[Collective], why: str, report: Path, stop: Pace | None = None
+    ranks: dict[int, Rank], found: list[Collective], why: str, report: Path, stop: Stop | None = None
 ) -> list[str]:
-    """The three console lines. `stop`: how a job that was progressing was stopped; it blames nothing."""
+    """The three console lines. `stop`: an ordinary stop, which blames nothing."""
     head = f"srun.sh: hang report ({why}):"
     silent = [rank for rank in ranks.values() if rank.silent()]
     said = silent_line(silent, ranks, socket.gethostname()) if silent else ""
     if stop is not None:
         answered = sum(1 for r in ranks.values() if r.answer or r.frames)
         lines = [
-            f"{head} training was progressing: {stop.says()}",
+            f"{head} {stop.says}",
             f"srun.sh:   {said}"
             if said
-            else f"srun.sh:   an ordinary stop: {answered} of {len(ranks)} ranks answered;"
-            f" the longest step so far took {stop.longest_step_s:.2f} s",
+            else f"srun.sh:   an ordinary stop: {answered} of {len(ranks)} ranks answered; {stop.because}",
         ]
     else:
         lines = findings(ranks, found, head)
@@ -640,10 +642,15 @@ def torch_analysis(ranks: dict[int, Rank], fr_dir: Path) -> list[str]:
 
 
 def report_text(
-    ranks: dict[int, Rank], in_flight: list[Collective], why: str, run_dir: Path, *, seen: Pace | None, stalled: bool
+    ranks: dict[int, Rank],
+    in_flight: list[Collective],
+    why: str,
+    run_dir: Path,
+    *,
+    seen: Pace | None,
+    stop: Stop | None,
+    found: list[Collective],
 ) -> str:
-    stop = progressing_stop(seen, stalled)
-    found = [] if stop else evidence(in_flight, seen)
     answered = sum(1 for rank in ranks.values() if rank.answer)
     stacks = sum(1 for rank in ranks.values() if rank.frames)
     records = sum(1 for rank in ranks.values() if rank.dump is not None)
@@ -663,7 +670,7 @@ def report_text(
     else:
         lines += findings_lines(ranks, found, len(in_flight) - len(found))
     lines += ["", f"Main threads, top {TOP_FRAMES} frames (most recent first):", *frames_by_rank(ranks), ""]
-    analysis = ["  not run: training was progressing"] if stop else torch_analysis(ranks, run_dir / "hang" / "fr")
+    analysis = ["  not run: an ordinary stop"] if stop else torch_analysis(ranks, run_dir / "hang" / "fr")
     lines += ["torch's analysis:", *analysis, ""]
     lines.append(
         f"Records: {run_dir / 'hang'}/: stacks-rank-R.txt (every thread of rank R), fr/rank-R (flight recorder),"
@@ -672,17 +679,54 @@ def report_text(
     return "\n".join(lines) + "\n"
 
 
-def progressing_stop(seen: Pace | None, stalled: bool) -> Pace | None:
-    """The pace of a job that a stop (not the hang watch) found progressing, else None."""
-    return seen if seen is not None and not stalled and seen.progressing() else None
+@dataclasses.dataclass
+class Stop:
+    """A stop that blames nothing: what it says, and what backs that."""
+
+    says: str
+    because: str
 
 
-def progress_lines(seen: Pace | None, stop: Pace | None) -> list[str]:
+def judge(
+    ranks: dict[int, Rank], in_flight: list[Collective], seen: Pace | None, watch: dict | None, stalled: bool
+) -> tuple[Stop | None, list[Collective]]:
+    """(the ordinary stop, or None; the collectives that are evidence). `watch`: RUN_DIR/hang/watch.json, with
+    "since_s" (from the launch to the request) added."""
+    if not stalled and seen is not None and seen.progressing():
+        return Stop(
+            f"training was progressing: {seen.says()}", f"the longest step so far took {seen.longest_step_s:.2f} s"
+        ), []
+    if stalled or seen is not None:
+        return None, evidence(in_flight, seen.longest_step_s if seen else None)
+    limit = (watch or {}).get("limit_s")
+    if limit is None:
+        return Stop(start_up(ranks, watch), "the hang watch is off, so nothing counts as a stall"), []
+    old = [c for c in evidence(in_flight, limit) if c.entered_s is not None]
+    if old or (start_hang(ranks) and watch["since_s"] > limit):
+        return None, old
+    return Stop(start_up(ranks, watch), f"the hang watch would call it a stall after {limit:g} s"), []
+
+
+def start_up(ranks: dict[int, Rank], watch: dict | None) -> str:
+    """What a stop before a step time is known says: how far the launch had come."""
+    steps = last_steps(ranks.values())
+    after = f", {watch['since_s']:.0f} s after the launch" if watch else ""
+    done = (
+        f"stopped before the second step: step {steps[-1]} had completed"
+        if steps
+        else "stopped during start-up: no training step had completed"
+    )
+    return f"{done}{after}; nothing is blamed (a stop is not a stall)"
+
+
+def read_watch(hang: Path, asked: float) -> dict | None:
+    watch = read_json(hang / "watch.json")
+    return None if watch is None else {**watch, "since_s": asked - watch["launched"]}
+
+
+def progress_lines(seen: Pace | None, stop: Stop | None) -> list[str]:
     if stop is not None:
-        return [
-            f"Progress: training was progressing: {stop.says()}, the longest step so far took"
-            f" {stop.longest_step_s:.2f} s; the collectives below are its ordinary work"
-        ]
+        return [f"Progress: {stop.says}; {stop.because}; the collectives below are ordinary work"]
     if seen is not None:
         return [
             f"Progress: last step {seen.step}, {seen.since_s:.1f} s before the ranks were asked; the longest step so"
@@ -699,10 +743,15 @@ def silent_lines(ranks: dict[int, Rank]) -> list[str]:
     return [f"Did not answer (seen from {here}):", *(f"  {r.where()}: {seen_of(r, ranks, here)}" for r in silent)]
 
 
+def collective_line(collective: Collective) -> str:
+    entered = "" if collective.entered_s is None else f", entered {collective.entered_s:.1f} s before the request"
+    return f"  {collective.name()}, sizes {collective.sizes or '?'}{entered}"
+
+
 def in_flight_lines(in_flight: list[Collective]) -> list[str]:
     lines = ["Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):"]
     for collective in in_flight:
-        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}")
+        lines.append(collective_line(collective))
         for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
             lines.append(f"    in {op}: ranks {ranges(members)}")
     return lines if in_flight else [*lines, "  none"]
@@ -721,8 +770,7 @@ def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int)
         lines.append("")
     lines.append("Collectives not completed by every member (torch's flight recorder, oldest first per group):")
     for collective in found:
-        entered = "" if collective.entered_s is None else f", entered {collective.entered_s:.1f} s before the request"
-        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}{entered}")
+        lines.append(collective_line(collective))
         for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
             lines.append(f"    in {op}: ranks {ranges(members)}")
         for number in collective.outside():
@@ -731,7 +779,7 @@ def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int)
     if not found:
         lines.append("  none")
     if recent:
-        lines.append(f"  and {recent} entered less than the longest step so far before the ranks were asked")
+        lines.append(f"  and {recent} entered too recently before the ranks were asked to tell anything")
     return lines
 
 
@@ -743,6 +791,7 @@ def collect(args: argparse.Namespace) -> int:
     ended = ended_ranks(run_dir, args.world_size)
     before = stacks_sizes(hang, range(args.world_size))
     forget_earlier_answers(hang)
+    asked = time.time()
     failed = signal_step(args.step) if args.step else signal_local(registered)
     if failed:
         print(f"srun.sh: hang report: could not signal the ranks: {failed}", file=sys.stderr)
@@ -751,10 +800,10 @@ def collect(args: argparse.Namespace) -> int:
     ranks = gather(run_dir, args.world_size, host_of, before, ended)
     in_flight = collectives(ranks, args.world_size)
     seen = pace(ranks)
+    stop, found = judge(ranks, in_flight, seen, read_watch(hang, asked), args.stalled)
     path = run_dir / "hang-report.txt"
-    path.write_text(report_text(ranks, in_flight, args.why, run_dir, seen=seen, stalled=args.stalled))
-    stop = progressing_stop(seen, args.stalled)
-    for line in summary(ranks, [] if stop else evidence(in_flight, seen), args.why, path, stop):
+    path.write_text(report_text(ranks, in_flight, args.why, run_dir, seen=seen, stop=stop, found=found))
+    for line in summary(ranks, found, args.why, path, stop):
         print(line, file=sys.stderr)
     return 0
 

@@ -10,6 +10,9 @@ steps included), at least 5 minutes. A SRUNSH_HANG_TIMEOUT_S longer than 20 minu
 legitimately takes longer than a step, hence nvidia-resiliency-ext's separate initial and subsequent heartbeat
 timeouts). A checkpoint save, and the time after training ended, do not count. It runs on the launching host with
 the standard library only, and ends when srun.sh, its parent, does.
+
+It keeps RUN_DIR/hang/watch.json ({"launched": time.time() of its start, "limit_s": its limit now}) for the hang
+report: a stop before a step time is known blames only what is older than the watch's limit.
 """
 
 from __future__ import annotations
@@ -80,11 +83,22 @@ def read_progress(path: Path) -> dict | None:
         return None  # not written yet, or replaced while being read: the next poll sees it
 
 
+def write_limit(hang: Path, launched: float, limit_s: float) -> None:
+    hang.mkdir(parents=True, exist_ok=True)
+    temporary = hang / f".watch.json.{os.getpid()}"
+    temporary.write_text(json.dumps({"launched": launched, "limit_s": limit_s}))
+    os.replace(temporary, hang / "watch.json")
+
+
 def watch(run_dir: Path, fixed_s: float | None, notify: int) -> int:
     hang = run_dir / "hang"
     parent = os.getppid()
     clock = StallClock(fixed_s, time.monotonic())
+    launched, written = time.time(), None
     while os.getppid() == parent:
+        if clock.limit() != written:
+            written = clock.limit()
+            write_limit(hang, launched, written)
         why = clock.observe(read_progress(hang / "progress.json"), time.monotonic())
         if why is not None:
             hang.mkdir(parents=True, exist_ok=True)

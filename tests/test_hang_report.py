@@ -264,9 +264,9 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
     seen = hang_report.pace(ranks)
     assert found[0].outside() == [3] and seen is not None
 
-    stop = hang_report.progressing_stop(seen, stalled=False)
-    first, second, _ = hang_report.summary(ranks, [], "srun.sh got SIGTERM", Path("/r/hang-report.txt"), stop)
-    report = hang_report.report_text(ranks, found, "srun.sh got SIGTERM", Path("/r"), seen=seen, stalled=False)
+    stop, evidence = hang_report.judge(ranks, found, seen, None, stalled=False)
+    first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGTERM", Path("/r/hang-report.txt"), stop)
+    report = hang_report.report_text(ranks, found, "x", Path("/r"), seen=seen, stop=stop, found=evidence)
 
     assert (
         first
@@ -274,7 +274,7 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
     )
     assert second == "srun.sh:   an ordinary stop: 4 of 4 ranks answered; the longest step so far took 0.30 s"
     assert "not in it" not in report and "Progress: training was progressing: last step 7" in report
-    assert hang_report.progressing_stop(seen, stalled=True) is None  # the hang watch's stall keeps the analysis
+    assert hang_report.judge(ranks, found, seen, None, stalled=True)[0] is None  # a stall keeps the analysis
 
 
 def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_not_evidence():
@@ -288,12 +288,12 @@ def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_n
     found = hang_report.collectives(ranks, 2)
 
     assert found[0].entered_s == pytest.approx(0.2, abs=0.01)
-    assert hang_report.evidence(found, seen) == []
+    assert hang_report.evidence(found, seen.longest_step_s) == []
     old = dump(
         [entry("0", 8, "started") | {"time_created_ns": int((1_000_000.0 - 29.0) * 1e9)}], {"0": (8, 7)}, "[0, 1]"
     )
     ranks[0].dump = old
-    assert hang_report.evidence(hang_report.collectives(ranks, 2), seen)[0].outside() == [1]
+    assert hang_report.evidence(hang_report.collectives(ranks, 2), seen.longest_step_s)[0].outside() == [1]
 
 
 def test_no_step_time_before_the_second_step():
@@ -301,6 +301,104 @@ def test_no_step_time_before_the_second_step():
     ranks[0].answer = {"time": 5.0, "last_step": 1, "last_step_time": 4.0, "longest_step_s": None}
 
     assert hang_report.pace(ranks) is None
+
+
+def start_up_barrier(entered_s_ago: float) -> dict[int, Rank]:
+    """Four ranks before their first step: 0-2 in the start-up all-reduce (entered `entered_s_ago` before the
+    request), rank 3 not yet there (a slower checkpoint load)."""
+    asked = 1_000_000.0
+    ahead = dump([entry("0", 1, "started") | {"time_created_ns": int((asked - entered_s_ago) * 1e9)}], {"0": (1, 0)})
+    ranks = ranks_with({0: ahead, 1: ahead, 2: ahead, 3: dump([], {"0": (0, 0)})})
+    for rank in ranks.values():
+        rank.answer = {"time": asked, "distributed": True, "last_step": None, "last_step_time": None}
+    return ranks
+
+
+@pytest.mark.parametrize("watch", [{"launched": 0.0, "limit_s": 1200.0, "since_s": 40.0}, None])
+def test_stop_during_start_up_blames_nobody_though_a_rank_is_not_yet_in_the_collective(watch: dict | None):
+    ranks = start_up_barrier(entered_s_ago=30.0)
+    found = hang_report.collectives(ranks, 4)
+    assert found[0].outside() == [3] and hang_report.pace(ranks) is None
+
+    stop, evidence = hang_report.judge(ranks, found, None, watch, stalled=False)
+    first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
+    report = hang_report.report_text(ranks, found, "x", Path("/r"), seen=None, stop=stop, found=evidence)
+
+    after = ", 40 s after the launch" if watch else ""
+    assert first == (
+        f"srun.sh: hang report (srun.sh got SIGINT): stopped during start-up: no training step had completed{after};"
+        " nothing is blamed (a stop is not a stall)"
+    )
+    because = "the hang watch would call it a stall after 1200 s" if watch else "the hang watch is off"
+    assert second.startswith(f"srun.sh:   an ordinary stop: 4 of 4 ranks answered; {because}")
+    assert "not in it" not in report and "entered 30.0 s before the request" in report
+    stalled, evidence = hang_report.judge(ranks, found, None, watch, stalled=True)
+    assert stalled is None and evidence[0].outside() == [3]  # the hang watch's stall keeps the analysis
+
+
+def test_stop_during_start_up_blames_what_is_older_than_the_hang_watchs_limit():
+    """With the watch off, or a stop in the second before its poll: the watch would have called it a stall."""
+    ranks = start_up_barrier(entered_s_ago=1300.0)
+    watch = {"launched": 0.0, "limit_s": 1200.0, "since_s": 1310.0}
+    stop, evidence = hang_report.judge(ranks, hang_report.collectives(ranks, 4), None, watch, stalled=False)
+    first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
+
+    assert (
+        stop is None and first.endswith("; 1 rank(s) not in it") and second.startswith("srun.sh:   not in it: rank 3")
+    )
+
+
+def test_stop_at_start_names_the_rank_that_never_joined_only_after_the_hang_watchs_limit():
+    ranks = {
+        0: Rank(0, "node1", registered={"pid": 100}, answer={"distributed": False}, frames=["rendezvous (x.py:1)"]),
+        1: Rank(1, "node1", registered={"pid": 101}, answer={"distributed": False}, frames=["import_module (y:2)"]),
+    }
+    early = {"launched": 0.0, "limit_s": 1200.0, "since_s": 5.0}
+    assert hang_report.judge(ranks, [], None, early, stalled=False)[0] is not None
+    late = {**early, "since_s": 1201.0}
+    stop, found = hang_report.judge(ranks, [], None, late, stalled=False)
+    first, _, _ = hang_report.summary(ranks, found, "srun.sh got SIGTERM", Path("/r/hang-report.txt"), stop)
+
+    assert stop is None and "hang at start: 1 rank(s) never joined torch.distributed" in first
+
+
+def test_a_stop_after_the_first_step_is_before_a_step_time_is_known():
+    ranks = start_up_barrier(entered_s_ago=0.5)
+    for rank in ranks.values():
+        rank.answer |= {"last_step": 1, "last_step_time": 1_000_000.0 - 0.6, "longest_step_s": None}
+    watch = {"launched": 0.0, "limit_s": 300.0, "since_s": 62.3}
+
+    stop, _ = hang_report.judge(ranks, hang_report.collectives(ranks, 4), None, watch, stalled=False)
+
+    assert stop is not None and stop.says == (
+        "stopped before the second step: step 1 had completed, 62 s after the launch;"
+        " nothing is blamed (a stop is not a stall)"
+    )
+
+
+def test_hang_watch_keeps_its_limit_for_the_report(tmp_path: Path):
+    """The real watch (SRUNSH_HANG_TIMEOUT_S=40): 1200 s before the first step, then its fixed timeout."""
+    watch_py = Path(__file__).resolve().parents[1] / "launcher" / "hang_watch.py"
+    command = [sys.executable, str(watch_py), str(tmp_path), "--timeout", "40", "--notify", str(os.getpid())]
+    started = time.time()
+    watch = subprocess.Popen(command)
+    record = tmp_path / "hang" / "watch.json"
+    try:
+        limits = []
+        deadline = time.monotonic() + 30
+        while len(limits) < 2:
+            assert time.monotonic() < deadline, limits
+            seen = hang_report.read_json(record)
+            if seen and seen["limit_s"] not in limits:
+                limits.append(seen["limit_s"])
+                assert started - 1 <= seen["launched"] <= time.time()
+                (tmp_path / "hang" / "progress.json").write_text(json.dumps(step(1)))
+            time.sleep(0.1)
+    finally:
+        watch.kill()
+        watch.wait()
+
+    assert limits == [1200.0, 40.0]
 
 
 def registered_as(pid: int, host: str) -> dict:

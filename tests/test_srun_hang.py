@@ -15,6 +15,8 @@ import os
 import random
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -114,26 +116,39 @@ def test_hang_timeout_names_the_rank_stuck_in_python_and_stops_the_job(slurm_wor
     assert "failed first" not in result.stderr  # the hang report said it all
 
 
-def test_sigterm_at_start_names_the_rank_that_never_joined(srun_world: SrunWorld):
-    env = {**TRAINING, "FAKE_STUCK": "1:start"}
-    proc = srun_world.start("--local", "recipe.py", env=env)
-    deadline = time.monotonic() + 60
-    while len(list(srun_world.dir.glob("outputs/recipe/*/hang/rank-*.json"))) < 2:
+def wait_for_ranks(world: SrunWorld, count: int, timeout: float = 60) -> None:
+    """Until `count` ranks registered their hang handler."""
+    deadline = time.monotonic() + timeout
+    while len(list(world.dir.glob("outputs/recipe/*/hang/rank-*.json"))) < count:
         assert time.monotonic() < deadline, "the ranks did not start"
         time.sleep(0.1)
+
+
+def test_stall_at_start_names_the_rank_that_never_joined_and_a_stop_then_blames_nobody(srun_world: SrunWorld):
+    """The hang watch's report (--stalled, made here: its own limit before the first step is 20 min) names the rank;
+    srun.sh's at the SIGTERM a second after the start, when that rank may just be slow to import, names nobody."""
+    env = {**TRAINING, "FAKE_STUCK": "1:start"}
+    proc = srun_world.start("--local", "recipe.py", env=env)
+    wait_for_ranks(srun_world, 2)
     time.sleep(1)  # rank 0 waits in the rendezvous for rank 1
     records = srun_world.records()
+    (run_dir,) = srun_world.run_dirs()
+    host = os.uname().nodename
+    report = [sys.executable, str(REPO / "launcher" / "hang_report.py"), str(run_dir), "--why", "no step for 1200 s"]
+    where = ["--world-size", "2", "--nodes", host, "--ranks-per-node", "2", "--local", "--stalled"]
+    stalled = subprocess.run([*report, *where], capture_output=True, text=True, timeout=60, check=True)
     stderr = stop(proc, None, signal.SIGTERM)
 
-    assert proc.returncode == 143, stderr
-    first, second, _ = summary(stderr)
-    host = os.uname().nodename
+    first, second, _ = summary(stalled.stderr)
     assert first == (
-        "srun.sh: hang report (srun.sh got SIGTERM): hang at start: 1 rank(s) never joined torch.distributed;"
+        "srun.sh: hang report (no step for 1200 s): hang at start: 1 rank(s) never joined torch.distributed;"
         " rank 0 waits for them in the rendezvous"
     )
     assert re.fullmatch(rf"srun.sh:   never joined: rank 1 on {host} \(pid \d+\): at stuck_in_python .*", second)
-    assert "Start: not every rank joined torch.distributed" in hang_report(srun_world)
+    assert proc.returncode == 143, stderr
+    first, _, _ = summary(stderr)
+    assert STARTING.search(first), first
+    assert "Start: not every rank joined" not in hang_report(srun_world)
     assert wait_gone([record["pid"] for record in records.values()], timeout=10)
     assert wait_gone(processes_of(srun_world.run_dirs()[0]), timeout=10)
 
@@ -157,11 +172,15 @@ WHOLE_NODES = {**TRAINING, "SRUNSH_GPUS_PER_NODE": "4"}  # the test cluster's tw
 # Words of a diagnosis: none of them may appear about a job that was progressing.
 BLAME = ("not in it", "suspect", "network", "never started", "stuck", "never joined", "did not answer")
 PROGRESSING = re.compile(r"training was progressing: last step (\d+), (\d+(?:\.\d+)?) s before the stop")
+STARTING = re.compile(
+    r"(stopped during start-up: no training step had completed|stopped before the second step: step 1 had completed),"
+    r" \d+ s after the launch; nothing is blamed \(a stop is not a stall\)$"
+)
 
 
 def assert_blames_nobody(stderr: str, report: str) -> None:
     first, second, _ = summary(stderr)
-    assert PROGRESSING.search(first), first
+    assert PROGRESSING.search(first) or STARTING.search(first), first
     for word in BLAME:
         assert word not in first + second, (word, first, second)
         assert word not in report, (word, report)
@@ -291,6 +310,45 @@ def test_reports_at_random_moments_of_a_progressing_job_blame_nobody(slurm_world
     except BaseException:
         proc.kill()
         raise
+    stderr = stop(proc, pid_file, signal.SIGTERM)
+
+    assert proc.returncode == 143, stderr
+    assert_blames_nobody(stderr, hang_report(slurm_world))
+
+
+# ---- A stop before a step time is known --------------------------------------------------------------------------
+
+
+def test_sigterm_during_the_start_up_all_reduce_says_so_and_blames_nobody(slurm_world: SrunWorld):
+    """The most common Ctrl-C: ranks 0-6 done loading wait in the start-up all-reduce for rank 7 (20 s), which the
+    report took for a rank not in it."""
+    proc, pid_file = slurm_world.start_in_allocation(
+        "--no-container", "recipe.py", env={**WHOLE_NODES, "FAKE_START_S": "20"}
+    )
+    wait_for_ranks(slurm_world, 8)
+    time.sleep(5)  # the first ranks have joined torch.distributed and wait in the all-reduce
+    stderr = stop(proc, pid_file, signal.SIGTERM)
+
+    assert proc.returncode == 143, stderr
+    first, second, _ = summary(stderr)
+    assert first.startswith("srun.sh: hang report (srun.sh got SIGTERM): stopped during start-up: no training step")
+    assert second == (
+        "srun.sh:   an ordinary stop: 8 of 8 ranks answered; the hang watch would call it a stall after 1200 s"
+    )
+    report = hang_report(slurm_world)
+    assert_blames_nobody(stderr, report)
+    assert re.search(r"gloo:all_reduce #\d+ of process group 0 .*, entered \d+\.\d s before the request", report)
+
+
+def test_stops_at_random_moments_of_start_up_and_training_blame_nobody(slurm_world: SrunWorld):
+    """One stop, at a moment drawn across the start-up all-reduce and the first seconds of training."""
+    seed = int(os.environ.get("HANG_TEST_SEED", time.time_ns() % 2**32))
+    at = random.Random(seed).uniform(0.0, 8.0)
+    print(f"HANG_TEST_SEED={seed}: the stop {at:.2f} s after the ranks registered")
+    env = {**WHOLE_NODES, "FAKE_START_S": "4", "FAKE_STEP_S": "0.02"}
+    proc, pid_file = slurm_world.start_in_allocation("--no-container", "recipe.py", env=env)
+    wait_for_ranks(slurm_world, 8)
+    time.sleep(at)
     stderr = stop(proc, pid_file, signal.SIGTERM)
 
     assert proc.returncode == 143, stderr
