@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import prepare_data
 
 TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+README = REPO / "README.md"
 SUMMARY = re.compile(
     r"^prepare_data\.py: wrote (?P<prefix>\S+)\.bin/\.idx: (?P<documents>[\d,]+) documents, (?P<tokens>[\d,]+) tokens"
     r" \(uint16\), (?P<bytes>[\d,]+) bytes, from [\d,]+ bytes of 1 file\(s\) in (?P<seconds>[\d.]+) s"
@@ -493,3 +494,42 @@ def test_a_run_without_data_says_it_trains_on_mock_data(output_root: Path):
 
     line = data.describe(resolve(TINY))
     assert line.startswith("data: mock (tokens Megatron generates, not a corpus): pass data_paths=PREFIX")
+
+
+def documented_sample() -> tuple[int, int]:
+    """(ids read from the start of each sampled sequence, sequences sampled), as README's Your data states them."""
+    said = re.search(r"the first ([\d,]+) ids of (\d+) sequences", " ".join(README.read_text().split()))
+    assert said, "README's Your data no longer says how the token ids are sampled"
+    return number(said[1]), int(said[2])
+
+
+def bad_id_at(sequences: int, sequence: int, position: int, length: int) -> list[list[int]]:
+    """sequences documents of length ids below the 400 of the session's tokenizer (399, its last id, included), with
+    400, the first id beyond it, at one place."""
+    documents = [[(i * 7 + j) % 400 for j in range(length - 1)] + [399] for i in range(sequences)]
+    documents[sequence][position] = 400
+    return documents
+
+
+@pytest.mark.usefixtures("output_root")
+def test_token_ids_up_to_the_last_of_the_tokenizer_pass_and_the_first_beyond_is_refused_where_read(
+    corpus: Corpus, tmp_path: Path
+):
+    """The boundary of the sampled ids: 399 (the 400-token tokenizer's last) passes everywhere; 400 is refused in
+    the first and last sequence and at the last id read of a sequence, and is not read one id further."""
+    read, sampled = documented_sample()
+    length = read + 8
+    arguments = [f"tokenizer_path={corpus.tokenizer}", "dataset.split=100,0,0"]
+
+    def check(documents: list[list[int]], name: str):
+        return resolve(TINY, f"data_paths={write_dataset(tmp_path / name, documents)}", *arguments)
+
+    clean = [[(i * 7 + j) % 400 for j in range(length - 1)] + [399] for i in range(sampled)]
+    assert max(map(max, clean)) == 399
+    check(clean, "clean")
+    for sequence, position in [(0, 0), (sampled - 1, length - 1), (sampled // 2, read - 1)]:
+        with pytest.raises(
+            UsageError, match=f"holds token id 400 \\(in sequence {sequence}\\), outside the 400 tokens"
+        ):
+            check(bad_id_at(sampled, sequence, position, length), f"bad{sequence}")
+    check(bad_id_at(sampled, 1, read, length), "unread")  # beyond the ids read: the check samples, never reads all
