@@ -206,9 +206,8 @@ def test_prepare_data_refuses_bad_input_in_one_line_and_writes_nothing(
 
 
 def test_check_accepts_data_paths_and_says_what_the_run_trains_on(corpus: Corpus, prepared: Prepared, run_entrypoint):
-    result = run_entrypoint(
-        TINY, f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "--check", "--world-size", "2"
-    )
+    data = [f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "dataset.split=90,5,5"]
+    result = run_entrypoint(TINY, *data, "--check", "--world-size", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "profile_ranks=0\n"
     tokens = sum(map(len, expected_documents(corpus)))
@@ -221,8 +220,10 @@ def test_megatron_bridges_dataset_builder_reads_back_the_same_token_ids(
 ):
     """The samples Megatron Bridge's GPT dataset provider builds from data_paths are windows of seq_length + 1
     tokens of the documents, in the dataset's document order, that prepare_data.py wrote."""
-    cfg = resolve(TINY, f"data_paths=[{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}")
-    cfg.dataset.split = "100,0,0"  # 300 small documents: all of them for training
+    # 300 small documents: all of them for training
+    cfg = resolve(
+        TINY, f"data_paths=[{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}", "dataset.split=100,0,0"
+    )
     cfg.dataset.seq_length = length = 64
     cfg.dataset.finalize()
     cfg.dataset.tokenizer = build_tokenizer(cfg.tokenizer)
@@ -246,7 +247,8 @@ def test_every_shipped_recipe_takes_data_paths_and_tokenizer_path(
 ):
     shape = hf_models.RECIPE_SHAPES[recipe.stem]
     hf_path = [f"hf_path={hf_dir(shape)}"] if shape else []
-    cfg = resolve(str(recipe), *hf_path, f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}")
+    data = [f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "dataset.split=90,5,5"]
+    cfg = resolve(str(recipe), *hf_path, *data)
     assert (cfg.dataset.blend, cfg.dataset.blend_per_split) == (([str(prepared.prefix)], None), None)
     assert (cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model) == (
         "HuggingFaceTokenizer",
@@ -265,7 +267,8 @@ def test_weighted_data_paths_become_megatron_bridges_blend(
     other = tmp_path / "copy"
     for suffix in (".bin", ".idx"):
         shutil.copy(f"{prepared.prefix}{suffix}", f"{other}{suffix}")
-    cfg = resolve(TINY, given.format(a=prepared.prefix, b=other), f"tokenizer_path={corpus.tokenizer}")
+    split = "dataset.split=90,5,5"  # 300 documents: 9999,8,2 would give validation none
+    cfg = resolve(TINY, given.format(a=prepared.prefix, b=other), f"tokenizer_path={corpus.tokenizer}", split)
     prefixes, weights = cfg.dataset.blend
     assert prefixes == [str(prepared.prefix), str(other)]
     assert numpy.allclose(numpy.array(weights) / sum(weights), [0.7, 0.3])
@@ -274,7 +277,11 @@ def test_weighted_data_paths_become_megatron_bridges_blend(
 def test_several_prefixes_without_weights_are_a_blend_by_size(
     corpus: Corpus, prepared: Prepared, tmp_path: Path, output_root: Path
 ):
-    cfg = resolve(TINY, f"data_paths=[{prepared.prefix},{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}")
+    # each dataset's split a sample (2,049 tokens) at least: the weight of each in a blend without weights
+    split = "dataset.split=50,25,25"
+    cfg = resolve(
+        TINY, f"data_paths=[{prepared.prefix},{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}", split
+    )
     assert cfg.dataset.blend == ([str(prepared.prefix)] * 2, None)
 
 
@@ -285,7 +292,7 @@ def test_the_tokenizer_comes_from_hf_path_when_it_holds_one(
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(corpus.tokenizer / name, model / name)
     recipe = str(REPO / "recipes" / "llama3_8b_pretrain.py")
-    cfg = resolve(recipe, f"hf_path={model}", f"data_paths={prepared.prefix}")
+    cfg = resolve(recipe, f"hf_path={model}", f"data_paths={prepared.prefix}", "dataset.split=90,5,5")
     assert (cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model) == ("HuggingFaceTokenizer", str(model))
     mock = resolve(recipe, f"hf_path={model}")
     assert (mock.tokenizer.tokenizer_type, mock.dataset.blend) == ("NullTokenizer", None)  # as before, without data
