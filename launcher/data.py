@@ -18,7 +18,6 @@ from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path, get_idx_path
 from megatron.core.datasets.object_storage_utils import is_object_storage_path
-from megatron.core.datasets.utils import get_blend_from_list
 
 from launcher import splits
 from launcher.errors import UsageError, first_line
@@ -35,12 +34,9 @@ def datasets(cfg: ConfigContainer) -> list[tuple[str, float | None]]:
     dataset = cfg.dataset
     if not isinstance(dataset, BlendedMegatronDatasetConfig):
         return []
-    blends = [dataset.blend, *(dataset.blend_per_split or [])]
-    data_path = getattr(dataset, "data_path", None)  # Megatron Bridge turns it into blend when it finalizes
-    if not any(blends) and data_path:
-        blends = [get_blend_from_list(data_path.split() if isinstance(data_path, str) else list(data_path))]
+    whole, per_split = splits.run_blends(dataset)  # Megatron Bridge makes data_path the blend when it finalizes
     listed = []
-    for blend in filter(None, blends):
+    for blend in filter(None, [whole, *(per_split or [])]):
         prefixes, weights = blend
         listed += zip(prefixes, weights or [None] * len(prefixes), strict=True)
     return listed

@@ -249,7 +249,8 @@ def test_every_shipped_recipe_takes_data_paths_and_tokenizer_path(
     hf_path = [f"hf_path={hf_dir(shape)}"] if shape else []
     data = [f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "dataset.split=90,5,5"]
     cfg = resolve(str(recipe), *hf_path, *data)
-    assert (cfg.dataset.blend, cfg.dataset.blend_per_split) == (([str(prepared.prefix)], None), None)
+    # the blend as the config holds it after an override (through OmegaConf, where a tuple becomes a list)
+    assert (list(cfg.dataset.blend), cfg.dataset.blend_per_split) == ([[str(prepared.prefix)], None], None)
     assert (cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model) == (
         "HuggingFaceTokenizer",
         str(corpus.tokenizer),
@@ -282,7 +283,7 @@ def test_several_prefixes_without_weights_are_a_blend_by_size(
     cfg = resolve(
         TINY, f"data_paths=[{prepared.prefix},{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}", split
     )
-    assert cfg.dataset.blend == ([str(prepared.prefix)] * 2, None)
+    assert list(cfg.dataset.blend) == [[str(prepared.prefix)] * 2, None]
 
 
 def test_the_tokenizer_comes_from_hf_path_when_it_holds_one(
