@@ -535,7 +535,7 @@ def test_token_ids_up_to_the_last_of_the_tokenizer_pass_and_the_first_beyond_is_
     clean = [[(i * 7 + j) % 400 for j in range(length - 1)] + [399] for i in range(sampled)]
     assert max(map(max, clean)) == 399
     check(clean, "clean")
-    for sequence, position in [(0, 0), (sampled - 1, length - 1), (sampled // 2, read - 1)]:
+    for sequence, position in [(0, 0), (sampled - 1, read - 1), (sampled // 2, read - 1)]:
         with pytest.raises(
             UsageError, match=f"holds token id 400 \\(in sequence {sequence}\\), outside the 400 tokens"
         ):

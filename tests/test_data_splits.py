@@ -191,7 +191,9 @@ def runs(draw: st.DrawFn) -> dict:
 def base_cfg(corpus: Corpus, prepared: Prepared):
     """The tiny recipe on the session's prepared data and tokenizer, resolved once; each example sets its data."""
     assert prepared.result.returncode == 0, prepared.result.stderr[-2000:]
-    return resolve(TINY, f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "dataset.split=90,5,5")
+    return resolve(
+        TINY, f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "dataset.split='90,5,5'"
+    )
 
 
 def write_corpora(root: Path, run: dict) -> list[str]:
