@@ -4,7 +4,8 @@ Each dataset of the blend (data_paths=, or dataset.blend / blend_per_split / dat
 PREFIX.idx, seen from inside the container (srun.sh exports SRUNSH_MOUNT as SRUN_SH_MOUNT to say when they are not); the
 index must describe exactly the bytes of the data file (its header's dtype and its last sequence's end); the token ids
 must fit the tokenizer's vocabulary (the dtype from the header, the ids from a sample of sequences, never the whole
-file); and real data needs a real tokenizer. Each failure is a one-line UsageError. describe() is the line a run
+file); real data needs a real tokenizer; and every split megatron-core will build (launcher/splits.py says which
+documents each gets) must be one it can build. Each failure is a one-line UsageError. describe() is the line a run
 prints once: what it trains on, mock data included.
 """
 
@@ -17,8 +18,8 @@ from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path, get_idx_path
 from megatron.core.datasets.object_storage_utils import is_object_storage_path
-from megatron.core.datasets.utils import get_blend_from_list
 
+from launcher import splits
 from launcher.errors import UsageError, first_line
 
 SAMPLED_SEQUENCES = 16  # first, last and evenly in between
@@ -33,12 +34,9 @@ def datasets(cfg: ConfigContainer) -> list[tuple[str, float | None]]:
     dataset = cfg.dataset
     if not isinstance(dataset, BlendedMegatronDatasetConfig):
         return []
-    blends = [dataset.blend, *(dataset.blend_per_split or [])]
-    data_path = getattr(dataset, "data_path", None)  # Megatron Bridge turns it into blend when it finalizes
-    if not any(blends) and data_path:
-        blends = [get_blend_from_list(data_path.split() if isinstance(data_path, str) else list(data_path))]
+    whole, per_split = splits.run_blends(dataset)  # Megatron Bridge makes data_path the blend when it finalizes
     listed = []
-    for blend in filter(None, blends):
+    for blend in filter(None, [whole, *(per_split or [])]):
         prefixes, weights = blend
         listed += zip(prefixes, weights or [None] * len(prefixes), strict=True)
     return listed
@@ -49,9 +47,11 @@ def check_data(cfg: ConfigContainer) -> None:
     if not listed:
         return
     vocab_size = tokenizer_vocab_size(cfg)
+    indexes = {}
     for prefix in dict.fromkeys(prefix for prefix, _ in listed):
         if not is_object_storage_path(prefix):  # s3:// and msc:// data are megatron-core's to fetch and read
-            check_dataset(prefix, vocab_size, cfg.tokenizer.tokenizer_model)
+            indexes[prefix] = check_dataset(prefix, vocab_size, cfg.tokenizer.tokenizer_model)
+    splits.check_splits(cfg, {prefix: index.sequence_lengths for prefix, index in indexes.items()})
 
 
 def container_mounts() -> list[str] | None:
@@ -102,7 +102,7 @@ def tokenizer_vocab_size(cfg: ConfigContainer) -> int:
     return vocab_size
 
 
-def check_dataset(prefix: str, vocab_size: int, tokenizer: object) -> None:
+def check_dataset(prefix: str, vocab_size: int, tokenizer: object) -> IndexedDataset:
     if prefix.endswith((".bin", ".idx")):
         raise UsageError(f"data path {prefix} names a file of a dataset: give its prefix, {prefix[:-4]}")
     bin_path, idx_path = Path(get_bin_path(prefix)), Path(get_idx_path(prefix))
@@ -111,6 +111,7 @@ def check_dataset(prefix: str, vocab_size: int, tokenizer: object) -> None:
     index = read_index(prefix, idx_path)
     check_sizes(prefix, index, bin_path, idx_path)
     check_token_ids(prefix, index, vocab_size, tokenizer)
+    return index
 
 
 def missing(prefix: str, bin_path: Path, idx_path: Path) -> str:

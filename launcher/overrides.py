@@ -2,7 +2,9 @@
 
 Hydra owns the grammar (typed values, lists, null, quoting); Megatron Bridge's omegaconf_utils owns applying the
 result. What we add is refusing what those two would accept silently: unknown keys, values of the wrong type, keys
-given twice, sweeps, and `+`/`~` edits of dataclass fields that Megatron Bridge would drop.
+given twice, sweeps, and `+`/`~` edits of dataclass fields that Megatron Bridge would drop. One reading of ours: a
+field that takes only a string takes `a,b` (Hydra's sweep of two choices) as the string typed, as dataset.split=90,5,5
+means, since a launch runs no sweep.
 """
 
 import dataclasses
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import ChoiceSweep, Override
 from hydra.errors import HydraException
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.utils import omegaconf_utils
@@ -40,13 +42,59 @@ def parse(arguments: list[str]) -> list[Override]:
                 f"malformed argument {argument!r}: expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000 "
                 f"({first_line(error)})"
             ) from None
-        if override.is_sweep_override():
-            raise UsageError(f"{argument!r} is a Hydra sweep, which a launch cannot run: write a list as NAME=[a,b]")
+        if override.is_sweep_override() and not may_be_text(override):
+            raise UsageError(sweep_refusal(override, None))
         if override.key_or_group in seen:
             raise UsageError(f"{override.key_or_group!r} is given twice: keep one NAME=VALUE per key")
         seen.add(override.key_or_group)
         parsed.append(override)
     return parsed
+
+
+# What a sweep typed for a string may not hold: quotes, escapes, and the brackets of functions, lists, dicts and
+# interpolations, where the text typed and the string meant could differ.
+NOT_TEXT = set("'\"\\()[]{}$")
+
+
+def may_be_text(override: Override) -> bool:
+    """A plain sweep of choices, a,b,c, that a field taking a string can take as the text typed."""
+    sweep = override.value()
+    return (
+        isinstance(sweep, ChoiceSweep)
+        and sweep.simple_form
+        and not (override.is_add() or override.is_force_add() or override.is_delete())
+        and not NOT_TEXT & set(typed_value(override))
+    )
+
+
+def typed_value(override: Override) -> str:
+    return override.input_line.split("=", 1)[1].strip()
+
+
+def takes_text_only(annotation: Any) -> bool:
+    """str, or str | None: a field for which a sweep can only mean the text typed."""
+    if annotation is str:
+        return True
+    arguments = typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and set(arguments) == {str, type(None)}
+
+
+def as_text(override: Override, annotation: Any) -> Override:
+    """A sweep for a field that takes only a string, as the string typed; any other sweep is refused."""
+    if not override.is_sweep_override():
+        return override
+    if not takes_text_only(annotation):
+        raise UsageError(sweep_refusal(override, annotation))
+    (text,) = OverridesParser.create().parse_overrides([f"{override.key_or_group}='{typed_value(override)}'"])
+    return text
+
+
+def sweep_refusal(override: Override, annotation: Any) -> str:
+    if annotation is None:  # the field is not known yet, or is no dataclass field
+        advice = "give one value, or write a list as NAME=[a,b]"
+    else:
+        advice = "write a list as NAME=[a,b]" if matches_type([], annotation) else "give one value"
+    return f"{override.input_line!r} is a Hydra sweep, which a launch cannot run: {advice}"
 
 
 def split_for_configure(
@@ -56,17 +104,18 @@ def split_for_configure(
     parameters = inspect.signature(configure).parameters
     kwargs: dict[str, Any] = {}
     config_overrides: list[Override] = []
-    for override in overrides:
-        name = override.key_or_group
-        if name in parameters and not (override.is_add() or override.is_force_add() or override.is_delete()):
-            value = override.value()
+    for given in overrides:
+        name = given.key_or_group
+        if name in parameters and not (given.is_add() or given.is_force_add() or given.is_delete()):
             annotation = parameters[name].annotation
+            override = as_text(given, None if annotation is inspect.Parameter.empty else annotation)
+            value = override.value()
             if annotation is not inspect.Parameter.empty and not matches_type(value, annotation):
-                given = f"{name}={override.get_value_string()}"
-                raise UsageError(f"{given} has the wrong type: configure() takes {type_name(annotation)}")
+                typed = f"{name}={override.get_value_string()}"
+                raise UsageError(f"{typed} has the wrong type: configure() takes {type_name(annotation)}")
             kwargs[name] = value
         else:
-            config_overrides.append(override)
+            config_overrides.append(given)
     return kwargs, config_overrides
 
 
@@ -80,6 +129,7 @@ def apply(cfg: ConfigContainer, overrides: list[Override]) -> dict[str, Any]:
     tree, excluded = omegaconf_utils.create_omegaconf_dict_config(cfg)
     for override in overrides:
         check_key(cfg, tree, override)
+    overrides = [as_text(override, field_annotation(cfg, override.key_or_group)) for override in overrides]
     try:
         tree = omegaconf_utils.parse_hydra_overrides(tree, [o.input_line for o in overrides])
     except omegaconf_utils.OverridesError as error:
@@ -140,17 +190,21 @@ def is_dataclass_at(cfg: ConfigContainer, parts: list[str]) -> bool:
     return dataclasses.is_dataclass(object_at(cfg, parts))
 
 
+def field_annotation(cfg: ConfigContainer, key: str) -> Any:
+    """The annotation of the dataclass field a key names; None where it names no field of a dataclass."""
+    parts = key.split(".")
+    parent = object_at(cfg, parts[:-1])
+    return field_types(type(parent)).get(parts[-1]) if dataclasses.is_dataclass(parent) else None
+
+
 def check_value(cfg: ConfigContainer, tree: DictConfig, override: Override) -> None:
     parts = override.key_or_group.split(".")
-    parent = object_at(cfg, parts[:-1])
-    if not dataclasses.is_dataclass(parent):
-        return
-    annotation = field_types(type(parent)).get(parts[-1])
+    annotation = field_annotation(cfg, override.key_or_group)
     value = selected(tree, override.key_or_group)
     if annotation is not None and not matches_type(value, annotation):
         raise UsageError(
             f"{override.key_or_group}={override.get_value_string()} has the wrong type: "
-            f"{type(parent).__name__}.{parts[-1]} takes {type_name(annotation)}"
+            f"{type(object_at(cfg, parts[:-1])).__name__}.{parts[-1]} takes {type_name(annotation)}"
         )
 
 

@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import prepare_data
 
 TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+README = REPO / "README.md"
 SUMMARY = re.compile(
     r"^prepare_data\.py: wrote (?P<prefix>\S+)\.bin/\.idx: (?P<documents>[\d,]+) documents, (?P<tokens>[\d,]+) tokens"
     r" \(uint16\), (?P<bytes>[\d,]+) bytes, from [\d,]+ bytes of 1 file\(s\) in (?P<seconds>[\d.]+) s"
@@ -205,9 +206,8 @@ def test_prepare_data_refuses_bad_input_in_one_line_and_writes_nothing(
 
 
 def test_check_accepts_data_paths_and_says_what_the_run_trains_on(corpus: Corpus, prepared: Prepared, run_entrypoint):
-    result = run_entrypoint(
-        TINY, f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "--check", "--world-size", "2"
-    )
+    data = [f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "dataset.split=90,5,5"]
+    result = run_entrypoint(TINY, *data, "--check", "--world-size", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "profile_ranks=0\n"
     tokens = sum(map(len, expected_documents(corpus)))
@@ -220,8 +220,10 @@ def test_megatron_bridges_dataset_builder_reads_back_the_same_token_ids(
 ):
     """The samples Megatron Bridge's GPT dataset provider builds from data_paths are windows of seq_length + 1
     tokens of the documents, in the dataset's document order, that prepare_data.py wrote."""
-    cfg = resolve(TINY, f"data_paths=[{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}")
-    cfg.dataset.split = "100,0,0"  # 300 small documents: all of them for training
+    # 300 small documents: all of them for training
+    cfg = resolve(
+        TINY, f"data_paths=[{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}", "dataset.split=100,0,0"
+    )
     cfg.dataset.seq_length = length = 64
     cfg.dataset.finalize()
     cfg.dataset.tokenizer = build_tokenizer(cfg.tokenizer)
@@ -245,8 +247,10 @@ def test_every_shipped_recipe_takes_data_paths_and_tokenizer_path(
 ):
     shape = hf_models.RECIPE_SHAPES[recipe.stem]
     hf_path = [f"hf_path={hf_dir(shape)}"] if shape else []
-    cfg = resolve(str(recipe), *hf_path, f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}")
-    assert (cfg.dataset.blend, cfg.dataset.blend_per_split) == (([str(prepared.prefix)], None), None)
+    data = [f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "dataset.split=90,5,5"]
+    cfg = resolve(str(recipe), *hf_path, *data)
+    # the blend as the config holds it after an override (through OmegaConf, where a tuple becomes a list)
+    assert (list(cfg.dataset.blend), cfg.dataset.blend_per_split) == ([[str(prepared.prefix)], None], None)
     assert (cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model) == (
         "HuggingFaceTokenizer",
         str(corpus.tokenizer),
@@ -264,7 +268,8 @@ def test_weighted_data_paths_become_megatron_bridges_blend(
     other = tmp_path / "copy"
     for suffix in (".bin", ".idx"):
         shutil.copy(f"{prepared.prefix}{suffix}", f"{other}{suffix}")
-    cfg = resolve(TINY, given.format(a=prepared.prefix, b=other), f"tokenizer_path={corpus.tokenizer}")
+    split = "dataset.split=90,5,5"  # 300 documents: 9999,8,2 would give validation none
+    cfg = resolve(TINY, given.format(a=prepared.prefix, b=other), f"tokenizer_path={corpus.tokenizer}", split)
     prefixes, weights = cfg.dataset.blend
     assert prefixes == [str(prepared.prefix), str(other)]
     assert numpy.allclose(numpy.array(weights) / sum(weights), [0.7, 0.3])
@@ -273,8 +278,12 @@ def test_weighted_data_paths_become_megatron_bridges_blend(
 def test_several_prefixes_without_weights_are_a_blend_by_size(
     corpus: Corpus, prepared: Prepared, tmp_path: Path, output_root: Path
 ):
-    cfg = resolve(TINY, f"data_paths=[{prepared.prefix},{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}")
-    assert cfg.dataset.blend == ([str(prepared.prefix)] * 2, None)
+    # each dataset's split a sample (2,049 tokens) at least: the weight of each in a blend without weights
+    split = "dataset.split=50,25,25"
+    cfg = resolve(
+        TINY, f"data_paths=[{prepared.prefix},{prepared.prefix}]", f"tokenizer_path={corpus.tokenizer}", split
+    )
+    assert list(cfg.dataset.blend) == [[str(prepared.prefix)] * 2, None]
 
 
 def test_the_tokenizer_comes_from_hf_path_when_it_holds_one(
@@ -284,7 +293,7 @@ def test_the_tokenizer_comes_from_hf_path_when_it_holds_one(
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(corpus.tokenizer / name, model / name)
     recipe = str(REPO / "recipes" / "llama3_8b_pretrain.py")
-    cfg = resolve(recipe, f"hf_path={model}", f"data_paths={prepared.prefix}")
+    cfg = resolve(recipe, f"hf_path={model}", f"data_paths={prepared.prefix}", "dataset.split=90,5,5")
     assert (cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model) == ("HuggingFaceTokenizer", str(model))
     mock = resolve(recipe, f"hf_path={model}")
     assert (mock.tokenizer.tokenizer_type, mock.dataset.blend) == ("NullTokenizer", None)  # as before, without data
@@ -493,3 +502,42 @@ def test_a_run_without_data_says_it_trains_on_mock_data(output_root: Path):
 
     line = data.describe(resolve(TINY))
     assert line.startswith("data: mock (tokens Megatron generates, not a corpus): pass data_paths=PREFIX")
+
+
+def documented_sample() -> tuple[int, int]:
+    """(ids read from the start of each sampled sequence, sequences sampled), as README's Your data states them."""
+    said = re.search(r"the first ([\d,]+) ids of (\d+) sequences", " ".join(README.read_text().split()))
+    assert said, "README's Your data no longer says how the token ids are sampled"
+    return number(said[1]), int(said[2])
+
+
+def bad_id_at(sequences: int, sequence: int, position: int, length: int) -> list[list[int]]:
+    """sequences documents of length ids below the 400 of the session's tokenizer (399, its last id, included), with
+    400, the first id beyond it, at one place."""
+    documents = [[(i * 7 + j) % 400 for j in range(length - 1)] + [399] for i in range(sequences)]
+    documents[sequence][position] = 400
+    return documents
+
+
+@pytest.mark.usefixtures("output_root")
+def test_token_ids_up_to_the_last_of_the_tokenizer_pass_and_the_first_beyond_is_refused_where_read(
+    corpus: Corpus, tmp_path: Path
+):
+    """The boundary of the sampled ids: 399 (the 400-token tokenizer's last) passes everywhere; 400 is refused in
+    the first and last sequence and at the last id read of a sequence, and is not read one id further."""
+    read, sampled = documented_sample()
+    length = read + 8
+    arguments = [f"tokenizer_path={corpus.tokenizer}", "dataset.split=100,0,0"]
+
+    def check(documents: list[list[int]], name: str):
+        return resolve(TINY, f"data_paths={write_dataset(tmp_path / name, documents)}", *arguments)
+
+    clean = [[(i * 7 + j) % 400 for j in range(length - 1)] + [399] for i in range(sampled)]
+    assert max(map(max, clean)) == 399
+    check(clean, "clean")
+    for sequence, position in [(0, 0), (sampled - 1, read - 1), (sampled // 2, read - 1)]:
+        with pytest.raises(
+            UsageError, match=f"holds token id 400 \\(in sequence {sequence}\\), outside the 400 tokens"
+        ):
+            check(bad_id_at(sampled, sequence, position, length), f"bad{sequence}")
+    check(bad_id_at(sampled, 1, read, length), "unread")  # beyond the ids read: the check samples, never reads all

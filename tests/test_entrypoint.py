@@ -444,3 +444,30 @@ def test_cuda_device_max_connections_suits_the_job(output_root: Path, monkeypatc
         monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", before)
     set_cuda_device_max_connections(resolve(TINY, *arguments))
     assert os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == after
+
+
+def test_a_field_that_takes_only_a_string_takes_a_comma_separated_value_as_typed(output_root: Path):
+    """Hydra's grammar reads 90,5,5 as a sweep of three choices; a launch runs no sweep, and a field of type str (here
+    megatron-core's dataset.split, `str | None`) can only mean the text typed, as the data check's advice prints it."""
+    assert resolve(TINY, "dataset.split=98,1,1").dataset.split == "98,1,1"
+    assert resolve(TINY, "dataset.split=99.5, 0.5, 0").dataset.split == "99.5, 0.5, 0"
+    assert resolve(TINY, "dataset.split='90,5,5'").dataset.split == "90,5,5"  # quoted, as before
+
+
+@pytest.mark.parametrize(
+    ("argument", "advice"),
+    [
+        ("profiling.profile_ranks=0,1", "write a list as NAME=[a,b]"),  # list[int]
+        ("data_paths=/a,/b", "write a list as NAME=[a,b]"),  # configure()'s list[str | float] | str | None
+        ("train.train_iters=5,6", "give one value"),  # int | None
+        ("mixed_precision=bf16_mixed,fp16_mixed", "give one value"),  # MixedPrecisionConfig | str | None
+        ("dataset.split=range(1,3)", "give one value, or write a list as NAME=[a,b]"),  # no choice: a range
+        ("dataset.split=choice(9,1)", "give one value, or write a list as NAME=[a,b]"),  # a sweep by name
+        ("dataset.split=9,'1'", "give one value, or write a list as NAME=[a,b]"),  # quotes: not the text as typed
+        ("+dataset.split=9,1", "give one value, or write a list as NAME=[a,b]"),
+    ],
+)
+def test_sweeps_stay_refused_where_a_string_is_not_all_the_field_takes(argument: str, advice: str, output_root: Path):
+    with pytest.raises(UsageError) as refused:
+        resolve(TINY, argument)
+    assert str(refused.value) == f"{argument!r} is a Hydra sweep, which a launch cannot run: {advice}"

@@ -2,6 +2,7 @@
 through the same pre-flight check srun.sh runs (`entrypoint.py --check`) for the example's node count. The "Your
 data" section runs as far as CI can: its preparations, its check, and its launches the same way."""
 
+import json
 import os
 import re
 import shlex
@@ -27,6 +28,7 @@ EXAMPLE = re.compile(
 )
 DATA_SECTION = README.split("\n## Your data\n", 1)[1].split("\n## ", 1)[0]
 DATA_COMMANDS = re.findall(r"^    (\S.*)$", DATA_SECTION, re.MULTILINE)
+DATA_DOCUMENTS = 3_000  # in each corpus of the data section
 # Not the usage line; the data section's launches need its prepared data, and run in its own test.
 EXAMPLES = [e for e in EXAMPLE.findall(README) if "RECIPE.py" not in e and e not in DATA_COMMANDS]
 SRUN_OPTIONS = {"--nsys", "--dry-run", "--no-container", "--local", "--health"}
@@ -118,9 +120,11 @@ def fsx_of_the_data_section(root: Path, corpus: Corpus) -> Path:
     which holds the tokenizer trained for the tests."""
     fsx = root / "fsx"
     (fsx / "corpus" / "code").mkdir(parents=True)
-    shutil.copy(corpus.jsonl, fsx / "corpus" / "web.jsonl")
-    for number, text in enumerate(corpus.texts[:20]):
-        (fsx / "corpus" / "code" / f"{number:02}.txt").write_text(text)
+    # Megatron Bridge's 9999:8:2 gives each split a document from 2,503 documents on, and the check refuses less
+    texts = hf_models.sample_texts(DATA_DOCUMENTS)
+    (fsx / "corpus" / "web.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    for number, text in enumerate(texts):
+        (fsx / "corpus" / "code" / f"{number:04}.txt").write_text(text)
     shutil.copytree(corpus.tokenizer, fsx / "models" / "meta-llama" / "Meta-Llama-3-8B")
     return fsx
 
@@ -153,5 +157,5 @@ def test_readme_data_section_prepares_checks_and_launches(
             ran.append("launch")
     assert ran == ["prepare", "prepare", "check", "launch", "launch"]
     said = capsys.readouterr().err
-    assert f"entrypoint.py: data: {fsx}/data/web (300 documents, " in said
-    assert f"entrypoint.py: data: {fsx}/data/web (weight 0.7, 300 documents, " in said
+    assert f"entrypoint.py: data: {fsx}/data/web ({DATA_DOCUMENTS:,} documents, " in said
+    assert f"entrypoint.py: data: {fsx}/data/web (weight 0.7, {DATA_DOCUMENTS:,} documents, " in said
