@@ -85,21 +85,19 @@ def remove_named(name: str) -> None:
     subprocess.run([*every_node, "enroot", "remove", "-f", f"pyxis_{name}"], check=True)
 
 
-def measure(
-    image: Path, repeats: int, runs: Path, extra_env: dict[str, str], named: bool
-) -> dict[str, dict[str, list[float]]]:
-    """Each arm's figures; the named arms only when `named` (with use_squashfuse=1 srun.sh names nothing, and a
-    named container is unpacked as without it)."""
-    arms = ["unnamed", *(["named, first", "named, later"] if named else [])]
-    figures: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}
-    for column in ("step", "launch"):
-        for arm in figures.values():
-            arm[column] = []
+def measure(image: Path, repeats: int, runs: Path, extra_env: dict[str, str], *, arms: list[str], columns: list[str]):
+    """Each arm's figures by column: "unnamed", and for "named" its first and a later step."""
+    figures: dict[str, dict[str, list[float]]] = {}
+    for arm in ["unnamed"] * ("unnamed" in arms) + ["named, first", "named, later"] * ("named" in arms):
+        figures[arm] = {column: [] for column in columns}
     for repeat in range(repeats):
-        figures["unnamed"]["step"].append(container_step(image, ""))
-        log = runs / f"unnamed-{repeat}.log"
-        figures["unnamed"]["launch"].append(first_rank_line(image, "", log, extra_env))
-        for column in ("step", "launch") if named else ():
+        if "unnamed" in arms:
+            if "step" in columns:
+                figures["unnamed"]["step"].append(container_step(image, ""))
+            if "launch" in columns:
+                log = runs / f"unnamed-{repeat}.log"
+                figures["unnamed"]["launch"].append(first_rank_line(image, "", log, extra_env))
+        for column in columns if "named" in arms else ():
             name = f"bench-{os.getpid()}-{repeat}-{column}"
             for arm in ("named, first", "named, later"):
                 if column == "step":
@@ -120,7 +118,10 @@ def table(image: Path, start_path: str, figures: dict[str, dict[str, list[float]
         "|---|---|---|",
     ]
     for arm, columns in figures.items():
-        cells = [f"{statistics.median(v):.1f} ({', '.join(f'{x:.1f}' for x in v)})" for v in columns.values()]
+        cells = [
+            f"{statistics.median(v):.1f} ({', '.join(f'{x:.1f}' for x in v)})" if v else "not run"
+            for v in (columns.get("step", []), columns.get("launch", []))
+        ]
         lines.append(f"| {arm} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
 
@@ -130,6 +131,8 @@ def main() -> None:
     parser.add_argument("prefix", type=Path)
     parser.add_argument("--image", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--arms", default="unnamed,named", help="unnamed, named (its first and a later step)")
+    parser.add_argument("--columns", default="step,launch", help="step (a container step), launch (srun.sh)")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for srun.sh (MOUNT=..., PYTHON=...)")
     args = parser.parse_args()
     extra_env = dict(item.split("=", 1) for item in args.env)
@@ -139,7 +142,9 @@ def main() -> None:
         start_path += f" (no pyxis line read from {pyxis.file or 'the plugstack configuration'})"
     runs = Path(f"{args.prefix}-runs")
     runs.mkdir(parents=True, exist_ok=True)
-    figures = measure(args.image.resolve(), args.repeats, runs, extra_env, named=not pyxis.squashfuse)
+    arms = [arm for arm in args.arms.split(",") if arm != "named" or not pyxis.squashfuse]
+    columns = args.columns.split(",")
+    figures = measure(args.image.resolve(), args.repeats, runs, extra_env, arms=arms, columns=columns)
     text = table(args.image.resolve(), start_path, figures)
     Path(f"{args.prefix}.md").write_text(text)
     Path(f"{args.prefix}.json").write_text(json.dumps({"start_path": start_path, "figures": figures}, indent=1))

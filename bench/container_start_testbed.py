@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--image", type=Path, help="the image to benchmark; without it, only --lifecycle-image")
     parser.add_argument("--lifecycle-image", type=Path)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--configs", default="unpack,squashfuse", help="pyxis's plugstack settings to run under")
+    parser.add_argument("--bench-args", default="", help="more arguments of container_start.py, e.g. --arms=named")
     args = parser.parse_args()
     where = Path(f"{args.prefix}-testbed").resolve()
     where.mkdir(parents=True, exist_ok=True)
@@ -103,10 +105,13 @@ def main() -> None:
         if args.lifecycle_image:
             use_pyxis(cluster, args.pyxis, "")
             lifecycle(cluster, args.lifecycle_image.resolve(), where, Path(f"{args.prefix}-lifecycle.txt"))
-        for label, options in (("unpack", ""), ("squashfuse", "use_squashfuse=1")) if args.image else ():
+        configs = {"unpack": "", "squashfuse": "use_squashfuse=1"}
+        for label in args.configs.split(",") if args.image else ():
+            options = configs[label]
             use_pyxis(cluster, args.pyxis, options)
             bench = [sys.executable, str(REPO / "bench" / "container_start.py"), f"{args.prefix}-{label}"]
             bench += ["--image", str(Path(args.image).resolve()), "--repeats", str(args.repeats)]
+            bench += args.bench_args.split()
             for name, value in (
                 ("MOUNT", f"{REPO}:/workspace/megatron,{where}:{where}"),
                 ("OUTPUT_ROOT", f"{where}/outputs"),

@@ -153,7 +153,7 @@ def test_a_users_container_name_is_used_as_given_and_kept(nodes: Nodes):
 ENDINGS = {
     "a failed rank": ({"FAKE_FAIL_RANK": "1", "FAKE_FAIL_EXIT": "3"}, 3),
     "a stall": ({"FAKE_STEPS": "50", "FAKE_STUCK": "1:python@3", "HANG_TIMEOUT_S": "3"}, 124),
-    "a failed health check": ({"FAKE_HEALTH_HANG": "node2", "HEALTH_TIMEOUT_S": "3"}, 1),
+    "a failed health check": ({"GPUS_PER_NODE": "2", "FAKE_HEALTH_HANG": "3", "HEALTH_TIMEOUT_S": "4"}, 1),
 }
 
 
