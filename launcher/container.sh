@@ -21,6 +21,7 @@ plan_container_start() {
 # The launch's container off every node: one task a node, outside any container, runs enroot as pyxis does (pyxis
 # keeps a named container as pyxis_NAME, or pyxis_JOBID_NAME with container_scope=job). Once per launch; runs on
 # every way srun.sh ends (an EXIT trap) and before a batch job requeues itself, while the allocation still exists.
+# Removing an unpacked image takes as long as pyxis's own removal of an unnamed one (minutes for 6 GB on a slow disk).
 remove_launch_container() {
   [[ -n ${LAUNCH_CONTAINER:-} ]] || return 0
   local name=$LAUNCH_CONTAINER status=0
@@ -29,7 +30,7 @@ remove_launch_container() {
   local script='for c in "pyxis_$1" "pyxis_$2_$1"; do
       if enroot list | grep -Fqx -- "$c"; then enroot remove -f -- "$c" >/dev/null && echo "removed $c"; fi
     done'
-  timeout --kill-after=5 120 srun --nodes="${#HOSTS[@]}" --ntasks="${#HOSTS[@]}" --ntasks-per-node=1 --overlap \
+  timeout --kill-after=5 600 srun --nodes="${#HOSTS[@]}" --ntasks="${#HOSTS[@]}" --ntasks-per-node=1 --overlap \
     --mpi=none --job-name="srunsh-$RUN_ID-remove" bash -c "$script" bash "$name" "$SLURM_JOB_ID" \
     >>"$HOST_RUN_DIR/logs/launcher.log" 2>&1 </dev/null || status=$?
   if ((status)); then
