@@ -169,6 +169,8 @@ source "$REPO_DIR/launcher/run_dir.sh"
 source "$REPO_DIR/launcher/health.sh"
 # shellcheck source=launcher/hang.sh
 source "$REPO_DIR/launcher/hang.sh"
+# shellcheck source=launcher/container.sh
+source "$REPO_DIR/launcher/container.sh"
 
 # An address of HOST that the other nodes reach: SLURM's NodeAddr, or the first of its IPv4 addresses outside
 # 127.0.0.0/8 (Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts, which only that host reaches).
@@ -324,6 +326,7 @@ main() {
   local python_cmd=("$SRUNSH_PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
   ((!HEALTH_ONLY)) || python_cmd=("$SRUNSH_PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
   RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}")
+  plan_container_start # launcher/container.sh: HEALTH=1's two steps share one container
   launch_command
   ((!SRUNSH_HEALTH)) || health_check_command
   if ((DRY_RUN)); then
@@ -337,6 +340,7 @@ main() {
   echo "# srun.sh: ${#HOSTS[@]} node(s) x $SRUNSH_GPUS_PER_NODE rank(s), $how $SRUNSH_RUN_ID in $HOST_RUN_DIR," \
     "master $MASTER_ADDR:$MASTER_PORT; each rank runs:" >&2
   quoted "${python_cmd[@]}" >&2
+  [[ -z $CONTAINER_START ]] || echo "# srun.sh: $CONTAINER_START" >&2
 
   trap_stop_signals
   ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed

@@ -131,5 +131,6 @@ requeue_batch_job() {
   fi
   printf '%s job %s restart %s: %s\n' "$(date +%FT%T)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$reason" >>"$history"
   echo "srun.sh: $reason: requeueing job $SLURM_JOB_ID, which resumes run $SRUNSH_RUN_ID from its latest checkpoint" >&2
+  remove_launch_container # launcher/container.sh: while the job's allocation is still there
   scontrol requeue "$SLURM_JOB_ID" || return "$status"
 }

@@ -66,6 +66,7 @@ trap_stop_signals() {
     trap "stop_launch $signal" "$signal"
   done
   ((!BATCH_JOB)) || trap_time_limit
+  trap remove_launch_container EXIT # launcher/container.sh
 }
 
 # A wait that outlives the signals srun.sh traps: returns the child's own status once it has ended.
