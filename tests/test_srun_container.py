@@ -1,6 +1,6 @@
 """srun.sh's container steps on the two-node test SLURM: SRUNSH_HEALTH=1's health check and training share one
-container of the launch's own, created once per node and gone from every node however the launch ends; another launch, or a
-changed image, never gets it; use_squashfuse=1 in pyxis's plugstack line leaves the steps unnamed.
+container of the launch's own, created once per node and gone from every node however the launch ends; another
+launch, or a changed image, never gets it; use_squashfuse=1 in pyxis's plugstack line leaves the steps unnamed.
 
 No pyxis can be built where CI runs (its source and enroot's are on GitHub only; neither is a Debian or PyPI
 package), so the steps run under tests/fixtures/pyxis_lifecycle: a stand-in for pyxis 0.24's container lifecycle
