@@ -12,6 +12,7 @@ import torch
 import entrypoint
 from launcher import checks
 from launcher.errors import UsageError
+from launcher.outputs import config_yaml
 from tests.conftest import REPO
 
 TINY = REPO / "recipes" / "tiny_gpt_pretrain.py"
@@ -108,6 +109,8 @@ def test_profiled_ranks_must_be_ranks_of_the_job_while_a_profiler_is_on(cfg):
     assert refusal(lambda: checks.check_profiled_ranks(cfg, 3)) == (
         "profiling.profile_ranks=[0, 3] names ranks outside 0..2: list ranks of this job"
     )
+    cfg.profiling.profile_ranks = []  # every rank of the job: never outside it
+    checks.check_profiled_ranks(cfg, 4)
 
 
 def expert_layout(cfg, ep: int | None, etp: int | None, pp: int = 1):
@@ -149,10 +152,14 @@ def test_the_job_environment_holds_during_the_check_only(cfg, monkeypatch: pytes
 
 
 def test_upstream_validation_works_on_a_copy_and_fills_in_what_it_derives(cfg):
+    """runtime_config_update() applies the mixed-precision recipe to the model config and validate() derives sizes:
+    on the copy only, so the config a rank later hands to pretrain() is the one the user resolved."""
     cfg.model.tensor_model_parallel_size = 2
+    before = config_yaml(cfg)
     validated = checks.upstream_validated(cfg, 8)
     assert validated is not cfg and validated.data_parallel_size == 4
-    assert not hasattr(cfg, "data_parallel_size") or cfg.data_parallel_size != 4
+    assert config_yaml(cfg) == before
+    assert config_yaml(validated) != before
 
 
 def test_upstream_refusal_names_the_world_size_and_upstreams_first_line(cfg):
