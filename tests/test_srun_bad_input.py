@@ -269,7 +269,3 @@ def test_bad_input_gives_one_line_error_and_starts_nothing(name: str, request: p
     assert result.stdout == ""
     assert world.records() == {}
     assert world.calls() == []
-
-
-def test_table_has_at_least_thirty_cases():
-    assert len(CASE_IDS) >= 30

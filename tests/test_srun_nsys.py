@@ -4,6 +4,8 @@ and rank in RUN_DIR/nsys/."""
 
 import json
 import os
+import re
+import shlex
 import socket
 import sys
 from pathlib import Path
@@ -17,6 +19,22 @@ from tests.srun_world import FIXTURES, SrunWorld
 pytest_plugins = ["tests.srun_world"]
 
 TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+# Not in README's table: a resumed run (same RUN_ID) writes its report over the one the run wrote before.
+UNDOCUMENTED = ["--force-overwrite=true"]
+
+
+def documented_nsys_args() -> list[str]:
+    """The arguments README's options table says `--nsys` runs nsys with: the code span `nsys profile ...` in the
+    table row of `--nsys`, without the leading `nsys`."""
+    (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `--nsys` |")]
+    (command,) = [span for span in re.findall(r"`([^`]+)`", row) if span.startswith("nsys profile ")]
+    return shlex.split(command)[1:]
+
+
+def test_readme_documents_the_capture_range_that_limits_the_report_to_the_profiling_window():
+    """The table row is where the expected flags come from, so it must hold the ones the profiling window needs."""
+    assert "--capture-range=cudaProfilerApi" in documented_nsys_args()
+    assert "--capture-range-end=stop" in documented_nsys_args()
 
 
 def test_nsys_option_tells_the_ranks_and_appends_the_switch_once_never_over_a_user_value(srun_world: SrunWorld):
@@ -75,7 +93,8 @@ def test_exactly_the_profile_ranks_run_under_nsys(tiny_config, rank: int, monkey
     host = socket.gethostname().split(".")[0]
     assert command == [
         "/opt/nsys/bin/nsys",
-        *nsys.PROFILE_ARGS,
+        *documented_nsys_args(),
+        *UNDOCUMENTED,
         "-o",
         f"/runs/r1/nsys/profile-{host}-rank{rank}",
         sys.executable,
@@ -107,8 +126,9 @@ def test_real_entrypoint_ranks_start_nsys_on_themselves_through_srun_sh(srun_wor
     for rank in (0, 1):
         record = json.loads((srun_world.records_dir / f"nsys-rank{rank}.json").read_text())
         argv = [bytes.fromhex(a).decode() for a in record["argv_hex"]]
-        assert argv[: len(nsys.PROFILE_ARGS)] == list(nsys.PROFILE_ARGS)
-        assert argv[len(nsys.PROFILE_ARGS) :] == [
+        assert argv == [
+            *documented_nsys_args(),
+            *UNDOCUMENTED,
             "-o",
             f"{run_dir}/nsys/profile-{host}-rank{rank}",
             sys.executable,

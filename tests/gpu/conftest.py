@@ -6,7 +6,9 @@ RESULTS_DIR/gpu-suite.{json,md}, whose table goes into bench/results/gpu-suite.m
 
 import json
 import os
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +39,64 @@ class Run:
         return megatron_log.steady_median(self.step_ms, megatron_log.WARMUP_STEPS)
 
 
+@dataclass
+class Finished:
+    """A command that ended within its time limit: its exit status, its output lines, its seconds, and when it ended."""
+
+    returncode: int
+    lines: list[str]
+    wall_s: float
+    ended: float  # time.monotonic() when the command exited
+
+
+def run_with_time_limit(
+    command: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    on_line: Callable[[str, subprocess.Popen], None] | None = None,
+) -> Finished:
+    """Run `command` in a session of its own, its stdout and stderr read line by line by a thread (each line also to
+    on_line(line, process)). The limit counts from the start, whatever the output does: a launch still running after
+    timeout_s has its whole process group (srun.sh, torchrun, the ranks) killed, and the test fails with its tail."""
+    lines: list[str] = []
+    start = time.monotonic()
+    with subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as process:
+
+        def read() -> None:
+            for line in process.stdout:
+                lines.append(line)
+                if on_line is not None:
+                    on_line(line, process)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+            reader.join(timeout=10)
+            pytest.fail(
+                f"{command[0]} still ran after {timeout_s} s: its process group was killed\n{''.join(lines[-40:])}"
+            )
+        ended = time.monotonic()
+        reader.join(timeout=30)  # the output ends with the launch, unless something it started still holds it
+        kill_group(process)
+    return Finished(process.returncode, lines, ended - start, ended)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL to whatever is left of the process group that `process` leads, and wait for `process`."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
 def parse_log(run: Run) -> Run:
     training = megatron_log.parse(run.log)
     run.losses, run.step_ms, run.peak_mem_gb = training.losses, training.step_ms, training.peak_mem_gb
@@ -53,31 +113,26 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
         tmp_path = tmp_path_factory.mktemp("launch")
         output_root = tmp_path / "outputs"
         command = [str(REPO / "srun.sh"), "--local", *options, str(REPO / "recipes" / recipe), *overrides]
-        environment = {
-            **os.environ,
-            "SRUNSH_GPUS_PER_NODE": str(gpus),
-            "SRUNSH_OUTPUT_ROOT": str(output_root),
-            **(env or {}),
-        }
-        start = time.monotonic()
-        first_step = None
-        lines = []
-        with subprocess.Popen(
-            command, cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        ) as process:
-            for line in process.stdout:
-                lines.append(line)
-                if first_step is None and megatron_log.ITERATION.search(line):
-                    first_step = time.monotonic() - start
-            process.wait(timeout=timeout)
+        environment = {**os.environ, "SRUNSH_GPUS_PER_NODE": str(gpus), "SRUNSH_OUTPUT_ROOT": str(output_root), **(env or {})}
+        started = time.monotonic()
+        first_step: list[float] = []
+
+        def note_first_step(line: str, _process: subprocess.Popen) -> None:
+            if not first_step and megatron_log.ITERATION.search(line):
+                first_step.append(time.monotonic() - started)
+
+        finished = run_with_time_limit(
+            command, cwd=tmp_path, env=environment, timeout_s=timeout, on_line=note_first_step
+        )
+        lines = finished.lines
         (tmp_path / "launch.log").write_text("".join(lines))
         run_dirs = sorted(output_root.glob(f"{Path(recipe).stem}/*"))
         return parse_log(
             Run(
-                process.returncode,
+                finished.returncode,
                 "".join(lines),
-                time.monotonic() - start,
-                first_step,
+                finished.wall_s,
+                first_step[0] if first_step else None,
                 run_dirs[-1] if run_dirs else None,
             )
         )

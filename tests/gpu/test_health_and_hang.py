@@ -8,14 +8,12 @@ tests/gpu/stalled_tiny_gpt_pretrain.py). One GPU is enough; with two, the NCCL p
 import json
 import os
 import re
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.gpu.conftest import REPO, Run
+from tests.gpu.conftest import REPO, Run, run_with_time_limit
 
 pytestmark = pytest.mark.gpu
 
@@ -27,21 +25,13 @@ NVLINK_GB_S_AT_LEAST = 50.0
 
 
 def srun_sh(tmp_path: Path, *args: str, env: dict[str, str], timeout: int) -> Run:
-    environment = {
-        **os.environ,
-        "SRUNSH_GPUS_PER_NODE": str(GPUS),
-        "SRUNSH_OUTPUT_ROOT": str(tmp_path / "outputs"),
-        **env,
-    }
-    started = time.monotonic()
-    result = subprocess.run(
-        [str(REPO / "srun.sh"), "--local", *args], cwd=tmp_path, env=environment, capture_output=True, text=True,
-        timeout=timeout, check=False,
-    )  # fmt: skip
-    log = result.stdout + result.stderr
+    environment = {**os.environ, "SRUNSH_GPUS_PER_NODE": str(GPUS), "SRUNSH_OUTPUT_ROOT": str(tmp_path / "outputs"), **env}
+    command = [str(REPO / "srun.sh"), "--local", *args]
+    finished = run_with_time_limit(command, cwd=tmp_path, env=environment, timeout_s=timeout)
+    log = "".join(finished.lines)
     (tmp_path / "launch.log").write_text(log)
     run_dirs = sorted((tmp_path / "outputs").glob("*/*/"))
-    return Run(result.returncode, log, time.monotonic() - started, None, run_dirs[-1] if run_dirs else None)
+    return Run(finished.returncode, log, finished.wall_s, None, run_dirs[-1] if run_dirs else None)
 
 
 def test_health_check_measures_the_gpus_and_nccl(tmp_path: Path, record):
@@ -87,3 +77,9 @@ def test_hang_report_names_the_training_rank_whose_gpu_stalled(tmp_path: Path, r
     assert "torchfrtrace" in report and "nccl:" in report
     if GPUS > 1:
         assert f"not in it: rank {stalled} on " in summary[1], summary
+    else:
+        # The one rank is in its collective, and its GPU never started it (launcher/hang_report.py's summary).
+        assert "is in it, and none completed it" in summary[0], summary
+        assert summary[1].startswith("srun.sh:   no member's GPU started it: the work queued before it is stuck"), (
+            summary
+        )

@@ -4,6 +4,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests import hf_models
 from tests.gpu.conftest import Run, tail
@@ -21,6 +22,9 @@ SMALL = (
     "scheduler.lr_warmup_iters=2",
     "scheduler.lr_decay_iters=10",
 )
+# The recorded resume (bench/results/gpu-suite.md) matched the uninterrupted run's losses to every logged digit
+# (difference 0.0; Megatron logs 7 significant digits): 1e-5 relative leaves a few units in the last of them.
+RESUMED_LOSS_REL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +45,11 @@ def test_fsdp_smoke_two_layer_llama_trains_10_iterations(straight_run: Run, reco
     assert run.returncode == 0, tail(run)
     assert math.isfinite(run.losses[10])
     assert "fsdp_dtensor checkpointing format" not in run.log
+    # The resolved config the run saved: Megatron FSDP on where Megatron Bridge reads it, with its checkpoint format.
+    config = yaml.safe_load((run.run_dir / "config.yaml").read_text())
+    assert config["dist"]["use_megatron_fsdp"] is True
+    assert config["ddp"]["use_megatron_fsdp"] is True
+    assert config["checkpoint"]["ckpt_format"] == "fsdp_dtensor"
 
 
 def test_fsdp_resume_from_fsdp_dtensor_matches_an_uninterrupted_run(
@@ -66,4 +75,4 @@ def test_fsdp_resume_from_fsdp_dtensor_matches_an_uninterrupted_run(
     assert sorted(resumed.losses) == [6, 7, 8, 9, 10]
     assert list((tmp_path / "ckpt").glob("iter_0000005*")), "no fsdp_dtensor checkpoint at iteration 5"
     for iteration in range(6, 11):
-        assert resumed.losses[iteration] == pytest.approx(straight.losses[iteration], rel=1e-3)
+        assert resumed.losses[iteration] == pytest.approx(straight.losses[iteration], rel=RESUMED_LOSS_REL)

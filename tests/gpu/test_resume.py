@@ -9,13 +9,12 @@ goes to `srun.sh --local`, which passes it to every rank the same way.
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from bench import megatron_log
-from tests.gpu.conftest import REPO, Run, parse_log
+from tests.gpu.conftest import REPO, Run, parse_log, run_with_time_limit
 
 pytestmark = pytest.mark.gpu
 
@@ -32,6 +31,10 @@ COMMON = (
     f"scheduler.lr_decay_iters={ITERS}",
 )
 STOP_AFTER = 8  # SIGTERM once this iteration is logged: the next iteration boundary saves and stops
+# Resumed against uninterrupted losses, absolute: the recorded runs (bench/results/gpu-suite.md) differed by at most
+# 1.5e-4 (DDP) and 1.8e-4 (Megatron FSDP), and two uninterrupted runs of the same steps by up to 4e-4 (not bitwise
+# deterministic). A resume from the wrong step, data position or schedule moves these losses by far more.
+LOSS_TOLERANCE = 5e-4
 
 
 def launch(workdir: Path, switch: str, run_id: str, stop_after: int | None = None) -> tuple[int, str]:
@@ -43,22 +46,18 @@ def launch(workdir: Path, switch: str, run_id: str, stop_after: int | None = Non
         "SRUNSH_OUTPUT_ROOT": str(workdir / "outputs"),
     }
     command = [str(REPO / "srun.sh"), "--local", TINY, switch, *COMMON]
-    lines: list[str] = []
-    with subprocess.Popen(
-        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as process:
-        deadline = time.monotonic() + 420
-        for line in process.stdout:
-            lines.append(line)
-            logged = megatron_log.ITERATION.search(line)
-            if stop_after is not None and logged and int(logged.group(1)) >= stop_after:
-                process.send_signal(signal.SIGTERM)
-                stop_after = None
-            if time.monotonic() > deadline:
-                process.kill()
-        process.wait(timeout=120)
-    (workdir / f"{run_id}.log").write_text("".join(lines))
-    return process.returncode, "".join(lines)
+    signalled: list[int] = []
+
+    def stop(line: str, process: subprocess.Popen) -> None:
+        logged = megatron_log.ITERATION.search(line)
+        if stop_after is not None and logged and int(logged.group(1)) >= stop_after and not signalled:
+            signalled.append(int(logged.group(1)))
+            process.send_signal(signal.SIGTERM)
+
+    finished = run_with_time_limit(command, cwd=workdir, env=env, timeout_s=540, on_line=stop)
+    log = "".join(finished.lines)
+    (workdir / f"{run_id}.log").write_text(log)
+    return finished.returncode, log
 
 
 @pytest.mark.parametrize("switch", ["use_megatron_fsdp=false", "use_megatron_fsdp=true"], ids=["ddp", "fsdp"])
@@ -87,4 +86,4 @@ def test_sigterm_saves_and_the_same_run_id_resumes_with_the_same_losses(record, 
     assert "resuming run stopped" in resumed_log
     assert sorted(resumed) == list(range(saved_at + 1, ITERS + 1))
     for iteration in resumed:
-        assert resumed[iteration] == pytest.approx(straight[iteration], rel=1e-3)
+        assert abs(resumed[iteration] - straight[iteration]) <= LOSS_TOLERANCE, (iteration, differences)
