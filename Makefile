@@ -4,9 +4,11 @@
 #   make build IMAGE_NAME=team/megatron TAG=v1   # -> ./team+megatron+v1.sqsh
 #   make build OUTPUT_DIR=/fsx/images            # write the squash file where every node can read it
 #   make test                                    # create .venv when versions changed, lint, then run pytest
-IMAGE_NAME ?= megatron-lm
-TAG ?= latest
-OUTPUT_DIR ?= .
+# Set on make's command line only: a TAG or OUTPUT_DIR that the environment holds for another tool must not rename
+# the image or move its squash file (make's command line overrides these; the environment does not).
+IMAGE_NAME = megatron-lm
+TAG = latest
+OUTPUT_DIR = .
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c

@@ -32,6 +32,8 @@
 set -euo pipefail
 
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# The environment's variables, taken before the knobs get their defaults: the launch names the knobs among them.
+mapfile -t ENVIRONMENT < <(compgen -e)
 
 # ---- Knobs: environment variables, with their defaults -------------------------------------------------------
 # srun.sh's own knobs start with SRUNSH_, so that no variable a host sets for another tool steers a launch;
@@ -117,6 +119,7 @@ parse_args() {
     esac
     shift
   done
+  environment_knobs # launcher/validate.sh
   ((!HEALTH_ONLY)) || {
     health_only_args "$@" # launcher/health.sh
     return 0
@@ -131,6 +134,8 @@ parse_args() {
       --nsys | --dry-run | --no-container | --local | --health | -h | --help | --sbatch)
         die "option $arg comes after the recipe: put it first, as in ./srun.sh $arg $(q "$RECIPE") ..."
         ;;
+      "~"?* | [!=]*=*) ;; # ~NAME deletes, NAME=VALUE sets: every rank would refuse any other shape after its imports
+      *) die "argument $(q "$arg") is not NAME=VALUE: write it as NAME=VALUE, e.g. train.train_iters=1000" ;;
     esac
   done
   # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this switch on.
@@ -250,12 +255,13 @@ resolve_job() {
 export_rank_env() {
   export NCCL_DEBUG=${NCCL_DEBUG:-WARN}           # NCCL errors and warnings only; INFO shows the EFA/GIN setup
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # one process per GPU already: no CPU oversubscription
-  export NCCL_GIN_TYPE=${NCCL_GIN_TYPE:-2}        # DeepEP's GIN via NCCL's proxy path (EFA's GDA mode needs NCCL 2.31+)
+  export NCCL_GIN_TYPE=${NCCL_GIN_TYPE:-2}        # DeepEP's GIN via the proxy path (5, EFA GDA: docs/network.md)
   export DEEP_EP_BACKEND=${DEEP_EP_BACKEND:-nccl} # DeepEP dispatch/combine over NCCL GIN, not NVSHMEM
   export MASTER_ADDR MASTER_PORT WORLD_SIZE LOCAL_WORLD_SIZE
   export RUN_ID=$SRUNSH_RUN_ID NSYS=$SRUNSH_NSYS # the ranks' names for them (launcher/outputs.py, launcher/nsys.py)
   export RUN_DIR=$RUN_ROOT_IN/$SRUNSH_RUN_ID # as the ranks see it
   export SRUN_SH_NSYS=$USE_NSYS       # entrypoint.py runs the profiled ranks under nsys
+  unset SRUN_SH_IMAGE SRUN_SH_JOB_NAME SRUN_SH_MOUNT SRUN_SH_UNDER_NSYS # srun.sh's own below, never inherited
   ((!USE_CONTAINER)) || export SRUN_SH_IMAGE=$SRUNSH_SQSH # named in entrypoint.py's error when the image lacks it
   [[ -z ${SLURM_JOB_NAME:-} ]] || export SRUN_SH_JOB_NAME=$SLURM_JOB_NAME # launch.json's: the step gets its own name
   ((!USE_CONTAINER)) || export SRUN_SH_MOUNT=$CONTAINER_MOUNTS # named in entrypoint.py's error when a data path is outside it
@@ -288,6 +294,7 @@ print_dry_run() {
   if ((!LOCAL)) && [[ -z ${SLURM_JOB_ID:-} ]]; then
     echo "# Not inside an allocation: job id JOBID and the first node NODE1 are placeholders."
   fi
+  say_environment_knobs "# "
   echo "# Environment srun.sh exports (every rank inherits it):"
   local name
   for name in NCCL_DEBUG OMP_NUM_THREADS NCCL_GIN_TYPE DEEP_EP_BACKEND MASTER_ADDR MASTER_PORT RUN_ID RUN_DIR \
@@ -335,6 +342,7 @@ main() {
   fi
 
   rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status "$HOST_RUN_DIR/logs/usage-error"
+  say_environment_knobs "# srun.sh: " >&2
   local how="new run"
   ((RESUMING)) && how="resuming run"
   echo "# srun.sh: ${#HOSTS[@]} node(s) x $SRUNSH_GPUS_PER_NODE rank(s), $how $SRUNSH_RUN_ID in $HOST_RUN_DIR," \

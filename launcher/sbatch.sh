@@ -76,6 +76,7 @@ submit_batch() {
   script=$(batch_script "${launch[@]}")
   if ((DRY_RUN)); then
     echo "# srun.sh --sbatch --dry-run: nothing was submitted. The submission, with the job script on its stdin:"
+    say_environment_knobs "# "
     quoted "${submit[@]}"
     printf '%s\n' "$script"
     exit 0
@@ -84,6 +85,7 @@ submit_batch() {
   local out job
   out=$("${submit[@]}" --test-only 2>&1 <<<"$script") ||
     die "sbatch refused the job: $(grep -m 1 -i 'error\|unrecognized\|invalid' <<<"$out" || head -n 1 <<<"$out")"
+  say_environment_knobs "# srun.sh: " >&2
   (umask 077 && mkdir -p -- "$RUN_ROOT")
   job=$("${submit[@]}" --parsable <<<"$script")
   job=${job%%;*}

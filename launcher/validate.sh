@@ -2,6 +2,31 @@
 # srun.sh's checks on the launching host, before anything starts: the recipe, the knobs, the allocation (GPUs, CPUs,
 # a homogeneous job) and the container mounts. Each problem is one line from die(), exit 2. Sourced by srun.sh.
 
+# The knobs the environment set, for the launch's first line (a knob inherited from the host steers every launch
+# from it). A name with srun.sh's prefix that is no knob is a typo, refused; a knob's name from before it had the
+# prefix is not read, and the launch says so, with the new name.
+environment_knobs() {
+  local -a knobs given=() ignored=()
+  mapfile -t knobs < <(sed -n '/^# ---- Knobs/,/^# ---- End of knobs/s/^\([A-Z][A-Z0-9_]*\)=.*/\1/p' "$REPO_DIR/srun.sh")
+  local name
+  for name in "${ENVIRONMENT[@]}"; do
+    if [[ " ${knobs[*]} " == *" $name "* ]]; then
+      given+=("$name=$(q "${!name}")")
+    elif [[ $name == SRUNSH_* ]]; then
+      die "$name, set in the environment, is no knob of srun.sh: unset it or fix its name (./srun.sh --help)"
+    elif [[ " ${knobs[*]} " == *" SRUNSH_$name "* ]]; then
+      ignored+=("$name (now SRUNSH_$name)")
+    fi
+  done
+  ENV_KNOBS=${given[*]} ENV_IGNORED=${ignored[*]}
+}
+
+# The line that names the knobs from the environment, after PREFIX; and, on stderr, the old names it did not read.
+say_environment_knobs() {
+  [[ -z $ENV_KNOBS ]] || printf '%sknobs from the environment: %s\n' "$1" "$ENV_KNOBS"
+  [[ -z $ENV_IGNORED ]] || echo "srun.sh: not read, since srun.sh's knobs have the SRUNSH_ prefix: $ENV_IGNORED" >&2
+}
+
 # GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files.
 visible_gpus() {
   local -a ids=()

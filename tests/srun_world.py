@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 SRUN_SH = REPO / "srun.sh"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-# Arguments no shell may touch on their way from the user's command line to every rank.
+# Arguments no shell may touch on their way from the user's command line to every rank (each NAME=VALUE or ~NAME, the
+# shapes srun.sh lets through).
 HOSTILE_ARGS = [
     "train.name=with spaces  and two",
     "model.note='single quotes'",
@@ -45,16 +46,16 @@ HOSTILE_ARGS = [
     "g=ünïcødé→✓ 中文",
     "profiling.profile_ranks=[0,1]",
     "h=b=c",
-    "-leading-dash",
+    "-leading-dash=1",
     "--looks-like=an-option",
     "i=$HOME ${PATH} $1 $@",
     "j=~/tilde ?[a-z]* {x,y}",
     "k=tab\there",
     "l=",
-    " ",
+    "o= ",
     "m=%s %q %% \\x41",
     "n=!bang |pipe &amp <in >out",
-    "",
+    "~p",
 ]
 
 # The first bytes of a squashfs file (its superblock's magic), all that srun.sh reads of SRUNSH_SQSH.

@@ -641,6 +641,15 @@ def test_make_sqsh_honours_image_name_tag_and_output_dir(checkout):
     assert (checkout.work / "images" / "team+megatron+v2.sqsh").is_file()
 
 
+def test_make_build_takes_no_image_name_tag_or_output_dir_from_the_environment(checkout):
+    """A CI job or shell that holds TAG, IMAGE_NAME or OUTPUT_DIR for itself builds the image srun.sh looks for."""
+    checkout.provide("docker", "enroot")
+    result = checkout.run("make", "build", IMAGE_NAME="ci/app", TAG="pr-123", OUTPUT_DIR="/nonexistent")
+    assert result.returncode == 0, result.stderr
+    assert checkout.calls()[0][5] == "megatron-lm:latest"
+    assert checkout.calls()[1][3] == "./megatron-lm+latest.sqsh"
+
+
 def test_make_build_refuses_an_image_pin_without_value(checkout):
     checkout.provide("docker", "enroot")
     versions = checkout.work / "versions.txt"

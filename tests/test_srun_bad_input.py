@@ -236,6 +236,17 @@ def cases(world: Path) -> dict[str, Case]:
         "hang timeout not a number": Case(
             local, ["SRUNSH_HANG_TIMEOUT_S=5m is not a positive number of seconds"], env={"SRUNSH_HANG_TIMEOUT_S": "5m"}
         ),
+        "override without a value": Case(
+            [*local, "train.train_iters"],
+            ["argument train.train_iters is not NAME=VALUE", "write it as NAME=VALUE, e.g. train.train_iters=1000"],
+        ),
+        "override without a name": Case([*local, "a=1", "=5"], ["argument =5 is not NAME=VALUE"]),
+        "override that is empty": Case([*local, ""], ["argument '' is not NAME=VALUE"]),
+        "knob name with a typo": Case(
+            local,
+            ["SRUNSH_GPU_PER_NODE, set in the environment, is no knob", "./srun.sh --help"],
+            env={"SRUNSH_GPU_PER_NODE": "2"},
+        ),
         "internal mode outside a task": Case(
             ["--rank-exec", "python3"],
             ["--rank-exec is srun.sh's own mode for one rank", "run ./srun.sh RECIPE.py instead"],

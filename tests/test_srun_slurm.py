@@ -251,7 +251,7 @@ def test_launches_started_together_in_one_allocation_get_runs_and_ports_of_their
     )
 
     assert result.returncode == 0, result.stderr
-    starts = [line.split(", ") for line in result.stderr.splitlines() if line.startswith("# srun.sh: ")]
+    starts = [line.split(", ") for line in result.stderr.splitlines() if line.startswith("# srun.sh: 1 node(s)")]
     assert len(starts) == 12, result.stderr
     run_ids = [fields[1].split()[2] for fields in starts]
     assert len(set(run_ids)) == 12
