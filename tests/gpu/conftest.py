@@ -113,7 +113,12 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
         tmp_path = tmp_path_factory.mktemp("launch")
         output_root = tmp_path / "outputs"
         command = [str(REPO / "srun.sh"), "--local", *options, str(REPO / "recipes" / recipe), *overrides]
-        environment = {**os.environ, "SRUNSH_GPUS_PER_NODE": str(gpus), "SRUNSH_OUTPUT_ROOT": str(output_root), **(env or {})}
+        environment = {
+            **os.environ,
+            "SRUNSH_GPUS_PER_NODE": str(gpus),
+            "SRUNSH_OUTPUT_ROOT": str(output_root),
+            **(env or {}),
+        }
         started = time.monotonic()
         first_step: list[float] = []
 

@@ -25,7 +25,12 @@ NVLINK_GB_S_AT_LEAST = 50.0
 
 
 def srun_sh(tmp_path: Path, *args: str, env: dict[str, str], timeout: int) -> Run:
-    environment = {**os.environ, "SRUNSH_GPUS_PER_NODE": str(GPUS), "SRUNSH_OUTPUT_ROOT": str(tmp_path / "outputs"), **env}
+    environment = {
+        **os.environ,
+        "SRUNSH_GPUS_PER_NODE": str(GPUS),
+        "SRUNSH_OUTPUT_ROOT": str(tmp_path / "outputs"),
+        **env,
+    }
     command = [str(REPO / "srun.sh"), "--local", *args]
     finished = run_with_time_limit(command, cwd=tmp_path, env=environment, timeout_s=timeout)
     log = "".join(finished.lines)
