@@ -422,10 +422,14 @@ class Pace:
         return f"last step {self.step}, {self.since_s:.2f} s before the stop"
 
 
-def pace(ranks: dict[int, Rank]) -> Pace | None:
-    """None before the second step: until then no step's time is known."""
+def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | None:
+    """None before the second step: until then no step's time is known. From the ranks' answers, else from rank 0's
+    step record (RUN_DIR/hang/progress.json, as the hang watch reads it): a rank whose stacks came but whose answer
+    did not (its flight-recorder dump still running) says nothing of its pace, and that is no sign of a stall."""
     answers = [r.answer for r in ranks.values() if r.answer and r.answer.get("longest_step_s") is not None]
     timed = [a for a in answers if a.get("last_step_time") is not None and a.get("time") is not None]
+    if not timed and record and record.get("longest_step_s") is not None and record.get("time") is not None:
+        return Pace(record["step"], max(0.0, asked - record["time"]), record["longest_step_s"])
     if not timed:
         return None
     since = min(max(0.0, a["time"] - a["last_step_time"]) for a in timed)
@@ -799,7 +803,7 @@ def collect(args: argparse.Namespace) -> int:
     host_of = [host for host in args.nodes.split(",") for _ in range(args.ranks_per_node)]
     ranks = gather(run_dir, args.world_size, host_of, before, ended)
     in_flight = collectives(ranks, args.world_size)
-    seen = pace(ranks)
+    seen = pace(ranks, read_json(hang / "progress.json"), asked)
     stop, found = judge(ranks, in_flight, seen, read_watch(hang, asked), args.stalled)
     path = run_dir / "hang-report.txt"
     path.write_text(report_text(ranks, in_flight, args.why, run_dir, seen=seen, stop=stop, found=found))

@@ -56,7 +56,8 @@ class Recorder:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{PROGRESS_FILE}.{os.getpid()}")
-        temporary.write_text(json.dumps({"step": step, "phase": phase, "time": LAST.time}))
+        record = {"step": step, "phase": phase, "time": LAST.time, "longest_step_s": LAST.longest_step_s}
+        temporary.write_text(json.dumps(record))
         os.replace(temporary, self.path)
 
 

@@ -261,7 +261,7 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
     for number, rank in ranks.items():
         rank.answer = answered(7, 0.1 + 0.01 * number, 0.3)
     found = hang_report.collectives(ranks, 4)
-    seen = hang_report.pace(ranks)
+    seen = hang_report.pace(ranks, None, 0.0)
     assert found[0].outside() == [3] and seen is not None
 
     stop, evidence = hang_report.judge(ranks, found, seen, None, stalled=False)
@@ -284,7 +284,7 @@ def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_n
     ranks = ranks_with({0: ahead, 1: behind})
     for rank in ranks.values():
         rank.answer = answered(7, 30.0, 0.5)  # no step for 30 s: no progressing job
-    seen = hang_report.pace(ranks)
+    seen = hang_report.pace(ranks, None, 0.0)
     found = hang_report.collectives(ranks, 2)
 
     assert found[0].entered_s == pytest.approx(0.2, abs=0.01)
@@ -300,7 +300,7 @@ def test_no_step_time_before_the_second_step():
     ranks = ranks_with({0: dump([], {})})
     ranks[0].answer = {"time": 5.0, "last_step": 1, "last_step_time": 4.0, "longest_step_s": None}
 
-    assert hang_report.pace(ranks) is None
+    assert hang_report.pace(ranks, None, 0.0) is None
 
 
 def start_up_barrier(entered_s_ago: float) -> dict[int, Rank]:
@@ -318,7 +318,7 @@ def start_up_barrier(entered_s_ago: float) -> dict[int, Rank]:
 def test_stop_during_start_up_blames_nobody_though_a_rank_is_not_yet_in_the_collective(watch: dict | None):
     ranks = start_up_barrier(entered_s_ago=30.0)
     found = hang_report.collectives(ranks, 4)
-    assert found[0].outside() == [3] and hang_report.pace(ranks) is None
+    assert found[0].outside() == [3] and hang_report.pace(ranks, None, 0.0) is None
 
     stop, evidence = hang_report.judge(ranks, found, None, watch, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
@@ -462,3 +462,23 @@ def test_recorder_keeps_the_longest_step_but_not_the_start_nor_a_checkpoint_save
 
     assert progress.LAST.step == 3 and 0.1 <= progress.LAST.longest_step_s < 0.3
     assert abs(progress.LAST.time - time.time()) < 0.1
+
+
+def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step_record(tmp_path: Path):
+    """On the H200 a rank's stacks came at a stop at step 30 but its answer (written after its flight-recorder dump)
+    did not within the grace: the report said "stopped during start-up" of a job 30 steps in. Rank 0's step record,
+    written by the real launcher/progress.py, says where training was."""
+    recorder = progress.Recorder(tmp_path, rank=0)
+    for step in range(26, 31):  # 0.05 s steps
+        time.sleep(0.05)
+        recorder.record(step)
+    record = json.loads((tmp_path / "hang" / "progress.json").read_text())
+    ranks = ranks_with({0: dump([entry("0", 31, "started")], {"0": (31, 30)})})
+    ranks[0].answer = None  # its stacks came, its answer did not
+    ranks[0].frames = ["File train.py, line 1 in train_step"]
+
+    seen = hang_report.pace(ranks, record, record["time"] + 0.02)
+    stop, found = hang_report.judge(ranks, hang_report.collectives(ranks, 1), seen, None, stalled=False)
+
+    assert seen is not None and seen.step == 30 and record["longest_step_s"] is not None
+    assert stop is not None and stop.says.startswith("training was progressing: last step 30") and found == []
