@@ -1,10 +1,10 @@
 """DeepEP for real (issue 29): Megatron's flex dispatcher with the DeepEP backend on 2 GPUs, EP=2.
 
-The ranks must import deep_ep: the image builds it; elsewhere build it with tools/build_deepep.sh and put its
-folder on PYTHONPATH (bench/deepep_device.sh does both). Two tests, as each catches what the other cannot: the
-dispatch check compares every received token count and every combined value and gradient with what the routing
-implies; the training run shows that a real model trains through DeepEP as it does through the alltoall dispatcher
-(at random init the loss hardly depends on the routing, so a loss curve alone would miss a wrong route).
+The ranks must import deep_ep: the image builds it; elsewhere build it with tools/build_deepep.sh and put its folder
+on PYTHONPATH. Two tests, as each catches what the other cannot: the dispatch check compares every received token
+count and every combined value and gradient with what the routing implies; the training run shows that a real model
+trains through DeepEP as it does through the alltoall dispatcher (at random init the loss hardly depends on the
+routing, so a loss curve alone would miss a wrong route).
 """
 
 import json

@@ -2,7 +2,7 @@
 real GPUs and NCCL, and the hang report of a real training rank whose GPU stalls (a test-only recipe,
 tests/gpu/stalled_tiny_gpt_pretrain.py). One GPU is enough; with two, the NCCL parts and the stalled rank's peer too.
 
-    PYTHONPATH=/tmp/site python -m pytest -m gpu -o addopts= tests/gpu/test_health_and_hang.py -v -s
+    bash bench/run_gpu_suite.sh DIR tests/gpu/test_health_and_hang.py
 """
 
 import json
