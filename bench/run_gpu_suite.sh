@@ -23,5 +23,5 @@ cd "$root"
 status=0
 GPU_RESULTS="$records" "$PYTHON" -m pytest -m gpu -o addopts="" -p no:cacheprovider -v "$@" \
   2>&1 | tee "$results/gpu-suite.log" || status=$?
-"$PYTHON" -m bench.gpu_report "$records" "$results/gpu-suite"
+"$PYTHON" -m tests.gpu.report "$records" "$results/gpu-suite"
 exit "$status"

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import launches, levers, per_step, turns
+from bench import launches, per_step, plans, turns
 
 # A launch: the launcher starts one rank in a session of its own and passes SIGTERM on (as torchrun does). The rank
 # starts a "data loader worker" that writes a heartbeat, prints the config-built line, initializes, then trains: each
@@ -168,7 +168,7 @@ def test_a_real_srun_sh_launch_is_paused_whole_once_its_config_is_built_and_leav
     """srun.sh --local, torchrun and entrypoint.py for real, up to pretrain()'s first line (with no GPU here the rank
     fails soon after it). CUDA_VISIBLE_DEVICES stands in for the GPU that srun.sh counts."""
     env = {"SRUNSH_GPUS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": "0", "SRUNSH_PYTHON": sys.executable}
-    arm = turns.Arm("ours", tuple(launches.ours(levers.TINY, "train.train_iters=3")), env, 1, 1)
+    arm = turns.Arm("ours", tuple(launches.ours(plans.TINY, "train.train_iters=3")), env, 1, 1)
     runner = turns.Turns({"ours": arm}, [], 1, 1, tmp_path, deadline=time.monotonic() + 120)
     runner.record = {"arms": {"ours": turns.arm_record(arm)}, "turns": []}
     runner.start("ours")
