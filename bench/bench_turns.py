@@ -1,9 +1,6 @@
 """Per-step A/B that holds on a drifting machine: the arms of a plan take turns on the same GPUs, a few steps each,
 round after round (bench/turns.py), and every ratio comes with its spread over the rounds (bench/per_step.py). Plans:
-bench/plans.py. From the checkout, on a GPU host with the stack:
-
-    python3 -m bench.bench_turns --plan PLAN --out DIR [--gpus 1] [--layers N] [--rounds N] [--turn-steps N]
-        [--settle N] [--budget-s S] [--runs-dir DIR] [--dry-run]
+bench/plans.py. Run it from the checkout, on a GPU host with the stack.
 
 --dry-run prints the arms and blocks and checks every arm's config with entrypoint.py --check; nothing starts. A
 real run runs the plan (with --budget-s, no block or round starts past it; without it, no limit), stops every arm,
@@ -21,31 +18,29 @@ from pathlib import Path
 
 from bench import launches, per_step, plans, report, turns
 
-SETTLE = 1
 BLOCK_COLUMNS = ("block", "arm", "against", "rounds", "ratio: median", "IQR", "range", "verdict")
 BLOCK_COLUMNS += ("loss: mean, max abs gap", "loss")
 ARM_COLUMNS = ("arm", "change", "ms/step", "tokens/s/GPU", "TFLOP/s/GPU logged", "GFLOP/token logged")
-ARM_COLUMNS += ("peak GB allocated, reserved",)
-ARM_COLUMNS += ("steps counted", "exit")
+ARM_COLUMNS += ("peak GB allocated, reserved", "steps counted", "exit")
+ARM_FIGURES = ("step_ms", "tokens_per_s_per_gpu", "logged_tflops_per_gpu", "logged_gflop_per_token")  # per_step's
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = report.parser("bench_turns", __doc__)
     parser.add_argument("--plan", choices=sorted(plans.PLANS), default="tiny")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) of every arm (default: 1)")
-    parser.add_argument("--layers", type=int, help="model.num_layers of a Llama plan (default: the plan's)")
-    parser.add_argument("--rounds", type=int, help="rounds per block (default: the plan's)")
-    parser.add_argument("--turn-steps", type=int, help="counted steps per turn (default: the plan's)")
-    parser.add_argument("--settle", type=int, default=SETTLE, help="steps left out after the first of a turn")
+    parser.add_argument("--gpus", type=report.positive, default=1, help="GPUs (ranks) of every arm (default: 1)")
+    parser.add_argument("--layers", type=report.positive, help="model.num_layers of a Llama plan (default: the plan's)")
+    parser.add_argument("--rounds", type=report.positive, help="rounds per block (default: the plan's)")
+    parser.add_argument("--turn-steps", type=report.positive, help="counted steps per turn (default: the plan's)")
+    parser.add_argument("--settle", type=int, default=1, help="steps left out after the first of a turn (default: 1)")
     parser.add_argument("--budget-s", type=float, help="seconds the plan may take (default: no limit)")
     parser.add_argument("--runs-dir", type=Path, help="where the arms run (default: DIR/turns-PLAN-runs)")
     parser.add_argument("--dry-run", action="store_true", help="print and check the plan; start nothing")
     args = parser.parse_args(argv)
     args.prefix = args.out / f"turns-{args.plan}"
     args.runs_dir = args.runs_dir or args.out / f"turns-{args.plan}-runs"
-    counts = [args.gpus, *(n for n in (args.layers, args.rounds, args.turn_steps) if n is not None)]
-    if min(counts) < 1 or args.settle < 0 or (args.budget_s is not None and args.budget_s <= 0):
-        parser.error("--gpus, --layers, --rounds, --turn-steps are at least 1, --settle at least 0, --budget-s above 0")
+    if args.settle < 0 or (args.budget_s is not None and args.budget_s <= 0):
+        parser.error("--settle is at least 0, --budget-s above 0")
     if args.layers and plans.PLANS[args.plan].recipe == plans.TINY:
         parser.error("--layers is for the Llama plans: the tiny plan keeps its recipe's layers")
     return args
@@ -55,9 +50,7 @@ def plan_of(args: argparse.Namespace) -> tuple[plans.Plan, dict[str, turns.Arm],
     plan = plans.PLANS[args.plan]
     plan = dataclasses.replace(plan, turn_steps=args.turn_steps or plan.turn_steps, layers=args.layers or plan.layers)
     arms = plans.arms(plan, args.gpus, args.settle)
-    blocks = plans.blocks(plan, args.rounds)
-    turns.check_plan(arms, blocks)
-    return plan, arms, blocks
+    return plan, arms, plans.blocks(plan, args.rounds)
 
 
 def describe(arms: dict[str, turns.Arm], blocks: list[turns.Block]) -> str:
@@ -113,7 +106,7 @@ def markdown(result: dict) -> str:
     lines += ["", *arms_table(record, analysis), ""]
     if noise := analysis.get("loss_noise"):
         lines.append(f"Run-to-run loss noise (another seed): mean abs gap {noise['mean_abs']}, max {noise['max_abs']}.")
-    lines += ["", *(f"- {name}: `{' '.join(arm['command'])}`{env_text(arm)}" for name, arm in record["arms"].items())]
+    lines += ["", *(f"- {name}: `{' '.join(arm['command'])}`" for name, arm in record["arms"].items())]
     return "\n".join(lines) + "\n"
 
 
@@ -121,22 +114,13 @@ def arms_table(record: dict, analysis: dict) -> list[str]:
     lines = report.table(ARM_COLUMNS)
     for name, arm in record["arms"].items():
         figures = analysis.get("arms", {}).get(name, {})
-        tokens = figures.get("tokens_per_s_per_gpu")
-        failure = arm.get("failure")
         ended = str(arm.get("returncode"))
-        if failure:
+        if failure := arm.get("failure"):
             ended += f", {failure['why']}: {' / '.join(failure['last_lines'])}"
-        cells = [name, arm["note"], figures.get("step_ms"), tokens, figures.get("logged_tflops_per_gpu")]
-        cells.append(figures.get("logged_gflop_per_token"))
-        cells += [f"{figures.get('peak_allocated_gb')}, {figures.get('peak_reserved_gb')}"]
-        cells += [figures.get("counted_steps"), ended]
-        lines.append(report.row(cells))
+        memory = f"{figures.get('peak_allocated_gb')}, {figures.get('peak_reserved_gb')}"
+        cells = [figures.get(key) for key in ARM_FIGURES]
+        lines.append(report.row([name, arm["note"], *cells, memory, figures.get("counted_steps"), ended]))
     return lines
-
-
-def env_text(arm: dict) -> str:
-    extra = {k: v for k, v in arm["env"].items() if k != "SRUNSH_GPUS_PER_NODE"}
-    return f" with {' '.join(f'{k}={v}' for k, v in extra.items())}" if extra else ""
 
 
 def write(prefix: Path, result: dict, runs_dir: Path) -> str:

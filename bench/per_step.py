@@ -1,11 +1,9 @@
 """What a per-step A/B measured: each arm's counted steps in each of its turns, per-round throughput ratios with their
 spread, and how far each arm's loss curve is from the reference's.
 
-Inputs are what bench/turns.py records (when each turn of each arm began and ended, by the wall clock) and the
-TensorBoard scalars Megatron Bridge wrote in each arm's run directory (launches.scalars: {tag: {step: (wall time,
-value)}}). A step belongs to the turn during which Megatron Bridge logged it (its TensorBoard wall time). The first
-step logged in a turn is left out: it was in flight when the arm was paused, so its time holds the pause; so are
-`settle` more, while the other arm's last kernels drain and caches refill.
+Inputs: bench/turns.py's record (when each turn began and ended) and the TensorBoard scalars of each arm's run
+(launches.scalars). A step belongs to the turn in which it was logged. The first step of a turn is left out (it was in
+flight when the arm was paused, so its time holds the pause), and `settle` more, while caches refill.
 """
 
 import statistics

@@ -21,21 +21,12 @@ WARMUP_STEPS = 2  # logged steps before an arm's first turn
 STOPPABLE = ("train.exit_signal_handler=true", "train.exit_signal_handler_for_dataloader=true", "checkpoint.save=null")
 
 
-@dataclass(frozen=True)
-class Change:
-    """What an arm changes in the plan's launch."""
-
-    overrides: tuple[str, ...] = ()
-    launcher: str = "ours"  # or "upstream"
-    noise_of: str | None = None
-    note: str = ""
-
-
-CHANGES = {
-    "ours": Change(note="the shipped recipe, launched by `srun.sh --local`"),
-    "upstream": Change(launcher="upstream", note="the same, launched by `torchrun bench/upstream_pretrain.py`"),
-    "seed": Change(("rng.seed=4321",), noise_of="ours", note="the shipped recipe with another seed: run-to-run noise"),
+NOTES = {
+    "ours": "the shipped recipe, launched by `srun.sh --local`",
+    "upstream": "the same, launched by `torchrun bench/upstream_pretrain.py`",
+    "seed": "the shipped recipe with another seed: run-to-run noise",
 }
+SEED = "rng.seed=4321"  # the seed arm's one change
 
 
 @dataclass(frozen=True)
@@ -50,8 +41,7 @@ class Plan:
 
 
 # One H200 holds two 4-layer processes of the Llama 3 8B shape (FP8, micro-batch 2, sequence 8192) side by side,
-# about 45-50 GB each; a single process fits up to about 16 layers (110 GB): "llama8b-solo" measures the shipped
-# recipe there alone, for the absolute figures.
+# about 45-50 GB each (--layers changes it).
 PLANS = {
     "tiny": Plan(
         TINY, (("ours", "upstream", "seed"),), None, None, rounds=10, turn_steps=8, note="ours against upstream"
@@ -65,9 +55,6 @@ PLANS = {
         turn_steps=3,
         note="ours against upstream, and the run-to-run noise",
     ),
-    "llama8b-solo": Plan(
-        LLAMA_FP8, (("ours",),), layers=16, sequences_per_gpu=8, rounds=1, turn_steps=8, note="16 layers, alone"
-    ),
 }
 
 
@@ -80,7 +67,8 @@ def train_iters(plan: Plan, settle: int) -> int:
 def arm_overrides(plan: Plan, name: str, gpus: int, iterations: int) -> tuple[str, ...]:
     shape = (f"model.num_layers={plan.layers}",) if plan.layers else ()
     batch = (f"train.global_batch_size={plan.sequences_per_gpu * gpus}",) if plan.sequences_per_gpu else ()
-    return (*launches.MEASURED, *STOPPABLE, f"train.train_iters={iterations}", *shape, *batch, *CHANGES[name].overrides)
+    seed = (SEED,) if name == "seed" else ()
+    return (*launches.MEASURED, *STOPPABLE, f"train.train_iters={iterations}", *shape, *batch, *seed)
 
 
 def tokens_per_step(plan: Plan, gpus: int) -> int:
@@ -93,9 +81,8 @@ def arms(plan: Plan, gpus: int, settle: int) -> dict[str, turns.Arm]:
     iterations = train_iters(plan, settle)
     built = {}
     for index, name in enumerate(names):
-        change = CHANGES[name]
         overrides = arm_overrides(plan, name, gpus, iterations)
-        if change.launcher == "upstream":
+        if name == "upstream":
             command = launches.upstream(plan.recipe, *overrides, gpus=gpus, port=29500 + index)
         else:
             command = launches.ours(plan.recipe, *overrides)
@@ -106,8 +93,8 @@ def arms(plan: Plan, gpus: int, settle: int) -> dict[str, turns.Arm]:
             tokens_per_step=tokens_per_step(plan, gpus),
             gpus=gpus,
             warmup_steps=WARMUP_STEPS,
-            noise_of=change.noise_of,
-            note=change.note,
+            noise_of="ours" if name == "seed" else None,
+            note=NOTES[name],
             recipe=plan.recipe,
             overrides=overrides,
         )
