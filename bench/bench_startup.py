@@ -2,21 +2,13 @@
 --local) and the upstream launch (B: torchrun + bench/upstream_pretrain.py) on the same recipe and overrides, and where
 those seconds go. Goal (issue 17): A's time to the first step within 1.03x of B's.
 
-    python3 -m bench.bench_startup --out DIR [--case tiny|llama8b-shape] [--gpus 1] [--rounds 2] [--warmup 1]
-        [--timeout S] [--runs-dir DIR]
-
-Every console line is timed as it arrives (seconds since the launch command started). The breakdown comes from lines
-both launches print: the line each entry point prints once its config is built (entrypoint.py's "outputs in",
-upstream_pretrain.py's "config built"; upstream_pretrain.py also prints "imported" after its imports, which
-entrypoint.py has no line for), then Megatron Bridge's own progress lines, then its first iteration line. Rounds run
-A B, then B A, and so on; --warmup runs that many uncounted pairs first, since each launcher keeps kernel caches of
-its own (srun.sh gives every rank its own Triton cache in /tmp). Prints a table; writes DIR/startup-CASE.md and
-DIR/startup-CASE.json after every launch.
+Every console line is timed as it arrives. The breakdown comes from lines both launches print (MARKERS). Rounds run
+A B, then B A; --warmup runs uncounted pairs first, since each launcher keeps kernel caches of its own (srun.sh gives
+every rank its own Triton cache in /tmp). Writes DIR/startup-CASE.{md,json} after every launch.
 """
 
 import re
 import statistics
-from pathlib import Path
 
 from bench import launches, megatron_log, report
 
@@ -117,14 +109,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=report.positive, default=2, help="A B, then B A, ... (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="uncounted A B pairs first (default: 1)")
     parser.add_argument("--timeout", type=float, help="seconds one launch may run (default: no limit)")
-    parser.add_argument("--runs-dir", type=Path, help="where the launches run (default: DIR/startup-CASE-runs)")
     args = parser.parse_args(argv)
     launches.stop_on_sigterm()
     recipe, overrides = case_command(args.case, args.gpus, args.layers)
     commands = {"A": launches.ours(recipe, *overrides), "B": launches.upstream(recipe, *overrides, gpus=args.gpus)}
     result = {**launches.result_header(args.case, args.gpus, commands), "goal": 1.03, "runs": []}
     prefix = args.out / f"startup-{args.case}"
-    runs_dir = args.runs_dir or args.out / f"startup-{args.case}-runs"
+    runs_dir = args.out / f"startup-{args.case}-runs"
     order = [(None, launch) for _ in range(args.warmup) for launch in "AB"] + launches.ab_rounds(args.rounds)
     launches.fix_dataset_helpers()
     for index, (round_index, launch) in enumerate(order):

@@ -1,14 +1,9 @@
 """The VizTracer plugin's cost outside its window, measured in pairs so that a change in the host's load reaches both.
 
-Each round starts two one-GPU runs of the tiny recipe at the same time, both the upstream launch (torchrun +
-bench/upstream_pretrain.py) with the same overrides: "not installed" as it is, "installed" with --viztracer-plugin
-(viztracer_plugin.py installed as entrypoint.py installs it) tracing steps 11..15. So the two differ by the plugin
-alone; the next round swaps their GPUs. Each run's step times after warm-up (the installed run's without its window
-and the step after it, which pays for writing the trace) are compared over the seconds in which both runs were
-training, by the wall time TensorBoard recorded with each step. Needs 2 GPUs. Prints a table; writes
-DIR/viztracer-cost.md and DIR/viztracer-cost.json after every round; the runs go to DIR/viztracer-cost-runs.
-
-    python3 -m bench.bench_viztracer_overhead --out DIR [--rounds 5] [--steps 240] [--timeout S]
+Each round starts two one-GPU runs of the tiny recipe at once, both the upstream launch with the same overrides, one
+with --viztracer-plugin tracing steps 11..15, so they differ by the plugin alone; the next round swaps their GPUs.
+Their step times after warm-up (without the window and the step after it, which writes the trace) are compared over
+the seconds both were training. Needs 2 GPUs. Writes DIR/viztracer-cost.{md,json} after every round.
 """
 
 import statistics

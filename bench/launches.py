@@ -1,11 +1,7 @@
-"""What the launch benchmarks share: the two launches they compare, one launch run to its end with every console line
-timed as it arrives, and the numbers Megatron Bridge wrote to TensorBoard during it.
-
-A is our launch, `srun.sh --local`. B is the upstream one: torchrun running bench/upstream_pretrain.py, which builds
-the same recipe with the same overrides and calls Megatron Bridge's pretrain. Each launch runs in a directory of its
-own, its working directory and SRUNSH_OUTPUT_ROOT: upstream recipes write TensorBoard below the working directory and
-entrypoint.py writes it into the run directory below SRUNSH_OUTPUT_ROOT, so either way the launch's event files are
-below it.
+"""What the launch benchmarks share: the two launches they compare (A: `srun.sh --local`; B: torchrun running
+bench/upstream_pretrain.py on the same recipe and overrides), one launch with every console line timed as it arrives,
+and the numbers Megatron Bridge wrote to TensorBoard during it. Each launch runs in a directory of its own, its working
+directory and SRUNSH_OUTPUT_ROOT, below which either launch writes its TensorBoard event files.
 """
 
 import contextlib
@@ -45,6 +41,7 @@ MEASURED = (
 STEP_TIME_S = "iteration-time"
 TFLOPS_PER_GPU = "throughput/tflops/device"
 PEAK_ALLOCATED_GB = "memory/mem-max-allocated-gigabytes"
+PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine")  # in every result
 
 
 def ours(recipe: str, *overrides: str) -> list[str]:
@@ -89,20 +86,15 @@ class Finished:
 
 
 class Launch:
-    """One launch in flight, in `directory` (its working directory and SRUNSH_OUTPUT_ROOT): its console lines, each with
-    the seconds after the start at which it arrived, and its process tree, which can be paused and resumed as a whole so
-    that launches take turns on the same GPUs. close() writes the console to directory/console.log."""
+    """One launch in flight in `directory`: its console lines, each with the seconds after the start at which it
+    arrived, and its process tree, paused and resumed as a whole. close() writes the console to console.log there."""
 
     def __init__(self, command: list[str], directory: Path, env: dict[str, str] | None = None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         # Unbuffered, so that each line arrives when it is printed; every launch gets the same environment.
-        environment = {
-            **os.environ,
-            "SRUNSH_OUTPUT_ROOT": str(directory / "outputs"),
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
+        environment = {**os.environ, "SRUNSH_OUTPUT_ROOT": str(directory / "outputs"), "PYTHONUNBUFFERED": "1"}
+        environment |= env or {}
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             command,
@@ -115,9 +107,8 @@ class Launch:
             start_new_session=True,
         )
         self.arrived: queue.SimpleQueue = queue.SimpleQueue()
-        reader = threading.Thread(target=timed_lines, args=(self.process.stdout, self.started, self.arrived))
-        reader.daemon = True
-        reader.start()
+        arguments = (self.process.stdout, self.started, self.arrived)
+        threading.Thread(target=timed_lines, args=arguments, daemon=True).start()
         self.lines: list[tuple[float, str]] = []
         self.output_closed = False
         self.seen: dict[int, psutil.Process] = {}  # every process of its tree seen so far
@@ -153,10 +144,9 @@ class Launch:
         self.reap()
 
     def terminate(self) -> None:
-        """SIGTERM to the launcher's process group, once: srun.sh and torchrun both pass it on and stop their ranks,
-        which run in sessions of their own (a SIGKILL to the launcher's group would leave them on the GPUs and the
-        port); a second SIGTERM could catch a rank in its exit. Resumed first: a stopped process acts on no signal
-        but SIGKILL."""
+        """SIGTERM to the launcher's process group, once: srun.sh and torchrun pass it on to their ranks, which run in
+        sessions of their own (a SIGKILL would leave them on the GPUs); a second could catch a rank in its exit.
+        Resumed first: a stopped process acts on no signal but SIGKILL."""
         self.resume()
         if not self.terminated:
             self.terminated = True
@@ -182,7 +172,7 @@ class Launch:
 
 def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[str, str] | None = None) -> Finished:
     """Run one launch in `directory` until it exits, or stop it (and every rank) after timeout_s (None: no limit) or
-    when the benchmark itself is stopped. Its console, each line with its arrival time, goes to console.log there."""
+    when the benchmark itself is stopped."""
     launch = Launch(command, directory, env)
     deadline = math.inf if timeout_s is None else launch.started + timeout_s
     try:
@@ -259,20 +249,10 @@ def hardware() -> str:
 
 
 def result_header(case: str, gpus: int, commands: dict[str, list[str]]) -> dict:
-    """What every benchmark result starts with: the case, when, on what, and the two launch commands."""
-    return {
-        "case": case,
-        "date": report.timestamp(),
-        "hardware": hardware(),
-        "gpus": gpus,
-        "versions": versions(),
-        "commands": commands,
-    }
-
-
-def versions() -> str:
-    packages = ("torch", "megatron-core", "megatron-bridge", "transformer-engine")
-    return ", ".join(f"{package} {metadata.version(package)}" for package in packages)
+    """What every benchmark result starts with: the case, when, on what, with which versions, and the commands."""
+    versions = ", ".join(f"{package} {metadata.version(package)}" for package in PACKAGES)
+    header = {"case": case, "date": report.timestamp(), "hardware": hardware(), "gpus": gpus, "versions": versions}
+    return header | {"commands": commands}
 
 
 def fix_dataset_helpers() -> None:

@@ -1,11 +1,9 @@
 """What a per-step A/B measured: each arm's counted steps in each of its turns, per-round throughput ratios with their
-spread, the machine's drift across the call, and how far each arm's loss curve is from the reference's.
+spread, and how far each arm's loss curve is from the reference's.
 
-Inputs are what bench/turns.py records (when each turn of each arm began and ended, by the wall clock) and the
-TensorBoard scalars Megatron Bridge wrote in each arm's run directory (launches.scalars: {tag: {step: (wall time,
-value)}}). A step belongs to the turn during which Megatron Bridge logged it (its TensorBoard wall time). The first
-step logged in a turn is left out: it was in flight when the arm was paused, so its time holds the pause; so are
-`settle` more, while the other arm's last kernels drain and caches refill.
+Inputs: bench/turns.py's record (when each turn began and ended) and the TensorBoard scalars of each arm's run
+(launches.scalars). A step belongs to the turn in which it was logged. The first step of a turn is left out (it was in
+flight when the arm was paused, so its time holds the pause), and `settle` more, while caches refill.
 """
 
 import statistics
@@ -71,21 +69,6 @@ def block_rounds(block: dict, turns: list[dict], throughput: dict[tuple[str, int
     return ratios
 
 
-def drift(samples: list[tuple[float, float]]) -> dict | None:
-    """An arm's throughput over the call, from (wall time, tokens/s) of its turns: the last turn over the first, and
-    the range of all turns over their median."""
-    if len(samples) < 2:
-        return None
-    ordered = [value for _, value in sorted(samples)]
-    median = statistics.median(ordered)
-    return {
-        "turns": len(ordered),
-        "minutes": round((max(t for t, _ in samples) - min(t for t, _ in samples)) / 60, 1),
-        "last_over_first": round(ordered[-1] / ordered[0], 4),
-        "range_over_median": [round(min(ordered) / median, 4), round(max(ordered) / median, 4)],
-    }
-
-
 def loss_gap(losses: dict[int, float], reference: dict[int, float]) -> dict | None:
     """Mean and largest |loss - reference loss| at the consumed-sample counts both logged."""
     common = sorted(set(losses) & set(reference))
@@ -126,22 +109,17 @@ def arm_figures(found: dict, counted: list[int], tokens_per_step: int, gpus: int
     }
 
 
-def turn_figures(record: dict, step_times: dict[str, dict]) -> tuple[dict, dict, dict]:
-    """Per turn: its throughput ({(arm, turn index): tokens/s}); per arm: its counted steps, and its first counted step
-    of each turn over the median of the others (the settle check)."""
+def turn_figures(record: dict, step_times: dict[str, dict]) -> tuple[dict, dict]:
+    """Per turn: its throughput ({(arm, turn index): tokens/s}); per arm: its counted steps."""
     throughput: dict[tuple[str, int], float] = {}
     counted: dict[str, list[int]] = {arm: [] for arm in record["arms"]}
-    settled: dict[str, list[float]] = {arm: [] for arm in record["arms"]}
     for index, turn in enumerate(record["turns"]):
         arm, times = turn["arm"], step_times[turn["arm"]]
-        steps = counted_steps(times, turn["began"], turn["ended"], record["settle"])
-        counted[arm] += steps
-        if len(steps) > 1:
-            settled[arm].append(times[steps[0]][1] / statistics.median(times[step][1] for step in steps[1:]))
+        counted[arm] += counted_steps(times, turn["began"], turn["ended"], record["settle"])
         tokens = record["arms"][arm]["tokens_per_step"]
         if (value := turn_throughput(times, turn, record["settle"], tokens)) is not None:
             throughput[(arm, index)] = value
-    return throughput, counted, settled
+    return throughput, counted
 
 
 def block_figures(block: dict, record: dict, throughput: dict, losses: dict, noise: dict | None) -> dict:
@@ -158,23 +136,19 @@ def block_figures(block: dict, record: dict, throughput: dict, losses: dict, noi
 
 
 def analyse(record: dict, found: dict[str, dict]) -> dict:
-    """The whole call: per arm, per block, the drift and the noise. found: {arm: launches.scalars(its directory)}."""
+    """The whole call: per arm, per block, and the noise. found: {arm: launches.scalars(its directory)}."""
     arms = record["arms"]
     step_times = {arm: found.get(arm, {}).get(launches.STEP_TIME_S, {}) for arm in arms}
-    throughput, counted, settled = turn_figures(record, step_times)
-    figures = {}
-    for arm, spec in arms.items():
-        figures[arm] = arm_figures(found.get(arm, {}), counted[arm], spec["tokens_per_step"], spec["gpus"])
-        figures[arm]["first_counted_over_rest"] = round(statistics.median(settled[arm]), 4) if settled[arm] else None
+    throughput, counted = turn_figures(record, step_times)
+    figures = {
+        arm: arm_figures(found.get(arm, {}), counted[arm], spec["tokens_per_step"], spec["gpus"])
+        for arm, spec in arms.items()
+    }
     losses = {arm: launches.values(found.get(arm, {}), LOSS_VS_SAMPLES) for arm in arms}
     noise = noise_gap(record, losses)
-    samples: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
-    for (arm, index), value in throughput.items():
-        samples[arm].append((record["turns"][index]["began"], value))
     return {
         "arms": figures,
         "blocks": [block_figures(block, record, throughput, losses, noise) for block in record["blocks"]],
-        "drift": {arm: drift(values) for arm, values in samples.items() if len(values) > 1},
         "loss_noise": noise,
     }
 

@@ -1,19 +1,12 @@
 """Launches that take turns on the same GPUs, so that a drifting machine drifts under all of them alike.
 
-A plan is a list of blocks; a block names the arms (launches) alive together, the first being its reference, and how
-many rounds they run. Every arm starts once: the arms of the first block start together, warm up, and each is paused
-(SIGSTOP to its whole process tree: launcher, ranks, data loader workers) once it has logged its warm-up steps. Then,
-round after round, each arm in turn is resumed for one turn of 1 + settle + turn_steps logged steps and paused again;
-the order rotates every round (A B, then B A), so that neither arm always follows the other. Paused, an arm holds its
-GPU memory but runs nothing: the GPUs belong to one arm at a time.
-
-Between blocks, the arms that leave are stopped (SIGTERM: Megatron Bridge ends the step, flushes TensorBoard and
-exits) before those that join go on, so that no more arms than a block names ever hold GPU memory. An arm that joins
-the next block is started while this block plays and paused as soon as its config is built, before it touches the
-GPU, so its imports cost no time of its own. An arm that fails is recorded, and its block goes on without it.
-
-What is recorded (and returned) is when each turn began and ended by the wall clock, which per_step.py matches with
-the wall times of the steps Megatron Bridge logged to TensorBoard.
+A plan is a list of blocks: the arms (launches) alive together, the first the reference, and how many rounds they run.
+Every arm starts once, warms up, and is paused (SIGSTOP to its whole process tree: launcher, ranks, data loader
+workers; it keeps its GPU memory but runs nothing). Round after round each arm in turn is resumed for 1 + settle +
+turn_steps logged steps and paused again, the order rotating (A B, then B A). Between blocks the arms that leave are
+stopped (SIGTERM: Megatron Bridge ends the step, flushes TensorBoard, exits) before those that join start. An arm
+that fails is recorded, and its block goes on without it. The record holds when each turn began and ended by the
+wall clock, which per_step.py matches with the wall times of the steps Megatron Bridge logged to TensorBoard.
 """
 
 import dataclasses
@@ -22,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import bench_startup, launches, megatron_log
+from bench import launches, megatron_log
 
-CONFIG_BUILT = bench_startup.MARKERS["config built"]  # printed by both entry points just before pretrain()
 POLL_S = 0.02  # how long a pass waits for a line: the most an arm runs on after its stopping point was printed
 
 
@@ -48,20 +40,6 @@ class Block:
     rounds: int
 
 
-def check_plan(arms: dict[str, Arm], blocks: list[Block]) -> None:
-    """Every arm a block names is defined, and an arm's blocks follow each other (one that left cannot come back)."""
-    for block in blocks:
-        unknown = [name for name in block.arms if name not in arms]
-        if unknown:
-            raise ValueError(f"block {list(block.arms)} names arms that are not defined: {unknown}")
-        if len(set(block.arms)) != len(block.arms):
-            raise ValueError(f"block {list(block.arms)} names an arm twice")
-    for name in arms:
-        present = [index for index, block in enumerate(blocks) if name in block.arms]
-        if present and present != list(range(present[0], present[-1] + 1)):
-            raise ValueError(f"arm {name!r} leaves and comes back (blocks {present}): use another arm name")
-
-
 @dataclass
 class Live:
     """An arm's launch in flight and what its console has said so far."""
@@ -70,7 +48,6 @@ class Live:
     launch: launches.Launch
     last_step: int = 0
     steps_in_turn: int = 0
-    config_built: bool = False
     paused: bool = False
     failure: str | None = None
 
@@ -80,8 +57,6 @@ class Live:
             self.last_step = int(match.group(1))
             self.steps_in_turn += 1
             return True
-        if CONFIG_BUILT.search(line):
-            self.config_built = True
         return False
 
     def pause(self) -> None:
@@ -112,7 +87,6 @@ class Turns:
     record: dict = field(default_factory=dict)
 
     def run(self) -> dict:
-        check_plan(self.arms, self.blocks)
         self.record = {
             "settle": self.settle,
             "turn_steps": self.turn_steps,
@@ -126,7 +100,6 @@ class Turns:
                     self.record["blocks"][index]["skipped"] = "no time left"
                     continue
                 self.enter(block)
-                self.prestart(self.blocks[index + 1] if index + 1 < len(self.blocks) else None)
                 self.play(index, block)
                 self.on_progress(self.record)
         finally:
@@ -156,12 +129,6 @@ class Turns:
                     "by the plan's deadline" if time.monotonic() >= self.deadline else f"in {self.warmup_timeout_s:g} s"
                 )
                 self.fail(name, f"logged {live.last_step} of {live.arm.warmup_steps} warm-up steps {limit}")
-
-    def prestart(self, upcoming: Block | None) -> None:
-        """Start the next block's new arms now; pump() pauses each once its config is built."""
-        for name in upcoming.arms if upcoming else ():
-            if name not in self.live and not self.record["arms"][name].get("retired"):
-                self.start(name)
 
     def play(self, index: int, block: Block) -> None:
         for round_index in range(block.rounds):
@@ -205,8 +172,7 @@ class Turns:
 
     def pump(self, active: Live | None = None, warming: list[str] = ()) -> bool:
         """Take in every line that has arrived, waiting a little for the active arm's next; True when the active arm
-        logged a step. Pause each other arm at its stopping point: one warming up once warmed up, one started ahead
-        of its block once its config is built."""
+        logged a step. Pause each arm that is warming up once it has warmed up."""
         stepped = False
         if active is not None:
             if line := active.launch.receive(POLL_S):
@@ -218,7 +184,7 @@ class Turns:
                 stepped |= live.take(line) and live is active
             if live.paused or live.ended or live is active:
                 continue
-            if self.warmed_up(live) if name in warming else live.config_built:
+            if name in warming and self.warmed_up(live):
                 live.pause()
         return stepped
 

@@ -4,9 +4,8 @@ entrypoint.py, no VizTracer plugin, none of srun.sh's environment.
 
     torchrun --nproc-per-node=2 bench/upstream_pretrain.py [--viztracer-plugin] RECIPE.py [KEY=VALUE ...]
 
---viztracer-plugin installs viztracer_plugin.py as entrypoint.py does, and nothing else of ours, so that
-bench/bench_viztracer_overhead.py can compare two runs that differ only by the plugin. Rank 0 prints one line after
-the imports and one once the config is built, which bench/bench_startup.py times.
+--viztracer-plugin installs viztracer_plugin.py as entrypoint.py does, and nothing else of ours (for
+bench/bench_viztracer_overhead.py). Rank 0 prints a line after the imports and one once the config is built.
 """
 
 import importlib.util

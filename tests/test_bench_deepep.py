@@ -5,7 +5,7 @@ import argparse
 
 import torch
 
-from bench import deepep_dispatch_check as check
+from tests.gpu import deepep_dispatch as check
 from tests.gpu.conftest import Run
 from tests.gpu.test_deepep import loss_agreement
 

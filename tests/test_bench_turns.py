@@ -1,38 +1,38 @@
-"""bench/bench_turns.py: its options, the dry run (the plan printed and every arm checked with the real Megatron
-Bridge classes), and the report rebuilt from a recorded call and its event files."""
+"""bench/bench_turns.py: its options, the dry run (the plan printed and every arm checked with entrypoint.py --check,
+on the real Megatron Bridge classes), and the report written from a recorded call and its event files."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from bench import bench_turns, levers
+from bench import bench_turns
 from tests.test_per_step import write_events
 
 ARMS = {
     "ours": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "the shipped recipe"},
-    "no_checks": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "NaN checks off"},
-    "gbs16": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "16 sequences"},
-    "bf16": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "the BF16 recipe"},
+    "upstream": {"command": ["torchrun"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "launched by torchrun"},
+    "seed": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "another seed"},
+    "late": {"command": ["srun.sh", "--local"], "env": {"SRUNSH_GPUS_PER_NODE": "1"}, "note": "a later block"},
 }
 
 
 def recorded_call(runs: Path) -> dict:
-    """ours against no_checks over 3 rounds (no_checks 2% faster); gbs16 failed in the next block, which was cut."""
+    """ours against upstream over 3 rounds (upstream 2% faster); seed failed in the next block, which was cut."""
     record = {"settle": 1, "turn_steps": 2, "arms": {}, "turns": []}
     for name, arm in ARMS.items():
         record["arms"][name] = arm | {"tokens_per_step": 65536, "gpus": 1, "noise_of": None, "returncode": 0}
-    record["arms"]["gbs16"] |= {"returncode": 1, "failure": {"why": "ended during its turn", "last_lines": ["OOM"]}}
-    del record["arms"]["bf16"]["returncode"]  # never started
+    record["arms"]["seed"] |= {"returncode": 1, "failure": {"why": "ended during its turn", "last_lines": ["OOM"]}}
+    del record["arms"]["late"]["returncode"]  # never started
     record["blocks"] = [
-        {"index": 0, "arms": ["ours", "no_checks"], "rounds": 3},
-        {"index": 1, "arms": ["ours", "gbs16"], "rounds": 3, "cut": "after 0 rounds: an arm failed"},
-        {"index": 2, "arms": ["ours", "bf16"], "rounds": 3, "skipped": "no time left"},
+        {"index": 0, "arms": ["ours", "upstream"], "rounds": 3},
+        {"index": 1, "arms": ["ours", "seed"], "rounds": 3, "cut": "after 0 rounds: an arm failed"},
+        {"index": 2, "arms": ["ours", "late"], "rounds": 3, "skipped": "no time left"},
     ]
-    seconds, wall = {"ours": 1.0, "no_checks": 0.98}, 1000.0
-    steps: dict[str, dict] = {"ours": {}, "no_checks": {}}
+    seconds, wall = {"ours": 1.0, "upstream": 0.98}, 1000.0
+    steps: dict[str, dict] = {"ours": {}, "upstream": {}}
     for round_index in range(3):
-        for arm in ("ours", "no_checks") if round_index % 2 == 0 else ("no_checks", "ours"):
+        for arm in ("ours", "upstream") if round_index % 2 == 0 else ("upstream", "ours"):
             began = wall
             for index in range(4):
                 wall += seconds[arm]
@@ -43,46 +43,25 @@ def recorded_call(runs: Path) -> dict:
     return record
 
 
-CHECKS = {
-    "ours": {
-        "ok": True,
-        "inert": {},
-        "gflop_per_token": {"megatron_bridge": 9.192, "6N": 11.539, "6N + attention": 12.344},
-    },
-    "no_checks": {
-        "ok": True,
-        "inert": {"ddp.grad_reduce_in_fp32": {"given": False, "holds": True}},
-        "gflop_per_token": {},
-    },
-    "gbs16": {"ok": False, "error": "Megatron Bridge refuses this config for 1 ranks: ..."},
-}
-
-
-def test_the_report_is_rebuilt_from_the_recorded_call_and_the_arms_event_files(tmp_path: Path, capsys):
-    runs, prefix = tmp_path / "runs", tmp_path / "turns-llama8b-levers"
+def test_the_report_is_written_from_the_recorded_call_and_the_arms_event_files(tmp_path: Path):
+    runs, prefix = tmp_path / "runs", tmp_path / "turns-llama8b-ab"
     header = {"date": "2026-12-01 10:00 UTC", "hardware": "1 x NVIDIA H200", "gpus": 1, "versions": "torch 2.11.0"}
-    result = {**header, "plan": "llama8b-levers", "layers": 4, "record": recorded_call(runs), "checks": CHECKS}
-    prefix.with_suffix(".json").write_text(json.dumps(result))
-    arguments = ["--out", str(tmp_path), "--plan", "llama8b-levers", "--report", "--runs-dir", str(runs)]
-    assert bench_turns.main(arguments) == 0
+    result = {**header, "plan": "llama8b-ab", "layers": 4, "record": recorded_call(runs)}
+    printed = bench_turns.write(prefix, result, runs)
     table = prefix.with_suffix(".md").read_text()
-    assert table == capsys.readouterr().out.rstrip("\n") + "\n"
+    assert table == printed
     ratio = round(1 / 0.98, 4)
     assert (
-        f"| 0 | no_checks | ours | 3 | {ratio} | {ratio}-{ratio} | {ratio}-{ratio} | faster, outside the spread |"
+        f"| 0 | upstream | ours | 3 | {ratio} | {ratio}-{ratio} | {ratio}-{ratio} | faster, outside the spread |"
         in table
     )
     assert "| 1 | | | cut after 0 rounds: an arm failed |" in table
-    assert "| 2 | bf16 | ours | skipped: no time left |" in table
-    # ours: 65536 tokens a 1 s step; Megatron Bridge's formula 9.192 GFLOP/token -> 602.4 TFLOP/s.
-    assert "| ours | the shipped recipe | 1000.0 | 65536 | 550.0 | 8.39 | 602.4, 756.2, 809.0 |" in table
-    assert "| gbs16 | 16 sequences | - | - | - | - | - | None, None | 0 | - | 1, ended during its turn: OOM |" in table
-    assert "| 40.12, 45.0 | 6 | 1.0 | 0 |" in table
-    assert "Drift, ours: last turn over first 1.0 across 0.3 min and 3 turns; turns 1.0-1.0 of their median." in table
-    assert "| no_checks | ok | ddp.grad_reduce_in_fp32=False (holds True) |" in table
-    assert "| gbs16 | refused: Megatron Bridge refuses this config for 1 ranks: ... |" in table
+    assert "| 2 | late | ours | skipped: no time left |" in table
+    # ours: 65536 tokens a 1 s step at 550 TFLOP/s logged: 8.39 GFLOP a token.
+    assert "| ours | the shipped recipe | 1000.0 | 65536 | 550.0 | 8.39 | 40.12, 45.0 | 6 | 0 |" in table
+    assert "| seed | another seed | - | - | - | - | None, None | 0 | 1, ended during its turn: OOM |" in table
     assert json.loads(prefix.with_suffix(".json").read_text())["analysis"]["blocks"][0]["ratios"] == {
-        "no_checks": [ratio] * 3
+        "upstream": [ratio] * 3
     }
 
 
@@ -91,8 +70,7 @@ def test_the_dry_run_prints_the_plan_and_checks_every_arm_with_megatron_bridge(c
     printed = capsys.readouterr().out
     assert "block 0: ours upstream seed (10 rounds, reference ours)" in printed
     assert "torch.distributed.run --nproc-per-node=1 --master-port=29501" in printed
-    for arm in ("ours", "upstream", "seed"):
-        assert f"| {arm} | ok | none |" in printed
+    assert "every arm's config passes" in printed
     assert not Path("/nonexistent").exists()
 
 
@@ -121,16 +99,6 @@ def test_a_plan_has_no_time_limit_unless_given_and_its_files_go_into_the_out_fol
     assert bench_turns.parse_args(["--out", "results", "--budget-s", "300"]).budget_s == 300
 
 
-def test_report_without_a_recorded_call_says_so(tmp_path: Path, capsys):
-    assert bench_turns.main(["--out", str(tmp_path), "--report"]) == 2
-    assert "turns-tiny.json: --report rewrites the report of a call that ran" in capsys.readouterr().err
-
-
 def test_a_llama_plan_takes_another_layer_count():
     _, arms, _ = bench_turns.plan_of(bench_turns.parse_args(["--out", "out", "--plan", "llama8b-ab", "--layers", "6"]))
     assert all("model.num_layers=6" in arm.overrides for arm in arms.values())
-
-
-def test_every_plan_has_a_note_and_a_reference_in_every_block():
-    for plan in levers.PLANS.values():
-        assert plan.note and all(len(block) >= 1 for block in plan.blocks)

@@ -274,7 +274,7 @@ def test_the_noise_guard_is_the_median_spread_of_the_nodes_not_the_widest_one(fo
 
 
 # Pair broadcast figures (GB/s at 1 MiB, each the median of 8 timings) that the three-node test SLURM measured on its
-# healthy links, on this 2-core machine while other test suites ran (bench/health_noise.py --keep, 2026-12-01): the
+# healthy links, on this 2-core machine while other test suites ran (bench/results/health-noise.md, 2026-12-01): the
 # noise a verdict has to stand.
 HEALTHY_BROADCAST = [0.409, 1.05, 1.19, 1.07, 1.01, 0.626, 0.981, 1.25, 0.352, 0.324, 0.915, 0.396]
 HEALTHY_BROADCAST += [0.36, 0.607, 0.314, 0.396, 0.33, 0.318, 0.608, 1.11, 0.951, 0.374, 0.383, 0.636]

@@ -7,8 +7,8 @@ package), so the steps run under tests/fixtures/pyxis_lifecycle: a stand-in for 
 (an unnamed container per step, created and removed; a named one created by the first step that lacks it and kept),
 which keeps each node's containers as folders on that node's own disk and logs every create, start and remove.
 srun.sh's own removal step runs the stand-in's `enroot list` / `enroot remove -f`. What the stand-in models was
-checked against a real pyxis 0.24.0 + enroot 4.1.2 on this test cluster (bench/container_start.py,
-bench/results/container-start.md). launcher/container.py reads the real plugstack configuration through the real
+checked against a real pyxis 0.24.0 + enroot 4.1.2 on this test cluster (bench/results/container-start.md,
+with the commit of its script). launcher/container.py reads the real plugstack configuration through the real
 `scontrol show config`.
 """
 

@@ -11,7 +11,7 @@ every rank measures together), and a slow rank is slower by far more than that n
 
 The three-node cluster (tests.slurm_cluster's slurm_cluster_three) has real link faults: tc's token-bucket filter caps
 node3's link. There the pair rounds leave a node that looks slow, by noise or by its cap, and the check retests it;
-bench/health_noise.py measures how often noise fools it (20+ runs, not here).
+bench/results/health-noise.md has how often noise fooled it (20+ runs, not here).
 """
 
 import json

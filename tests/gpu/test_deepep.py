@@ -42,7 +42,7 @@ RELATIVE_FLOOR = 0.01
 
 def test_deepep_dispatch_and_combine_match_the_routing_on_two_gpus(tmp_path: Path, record):
     prefix = tmp_path / "deepep-dispatch"
-    command = [sys.executable, str(REPO / "bench" / "deepep_dispatch_check.py"), str(prefix), "--ranks", "2"]
+    command = [sys.executable, str(REPO / "tests" / "gpu" / "deepep_dispatch.py"), str(prefix), "--ranks", "2"]
     start = time.monotonic()
     result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
     log = result.stdout + result.stderr

@@ -1,7 +1,7 @@
 """DeepEP's dispatch and combine through megatron-core's own calls (fused_dispatch, fused_combine), forward and
 backward, checked against what the routing implies; one process per rank.
 
-    python3 bench/deepep_dispatch_check.py OUT_PREFIX [--ranks 2] [--tokens 1024] [--hidden 512] ...
+    python3 tests/gpu/deepep_dispatch.py OUT_PREFIX [--ranks 2] [--tokens 1024] [--hidden 512] ...
 
 With as many GPUs as ranks, each rank has its own GPU, as in training. With fewer, ranks share them (two ranks on one
 GPU exchange buffers by CUDA IPC as on two, but their kernels take turns on the GPU instead of running at once): the
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.report
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench.report
 
 from bench import report
 
@@ -172,7 +172,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        print("deepep_dispatch_check.py: no GPU here: DeepEP's kernels need one", file=sys.stderr)
+        print("deepep_dispatch.py: no GPU here: DeepEP's kernels need one", file=sys.stderr)
         return 1
     written = report.json_path(args.prefix)
     written.unlink(missing_ok=True)

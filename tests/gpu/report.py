@@ -1,6 +1,6 @@
 """Turn the GPU suite's records (JSON lines) into results JSON and a Markdown table.
 
-python3 -m bench.gpu_report RECORDS.jsonl OUT_PREFIX     # writes OUT_PREFIX.json and OUT_PREFIX.md
+python3 -m tests.gpu.report RECORDS.jsonl OUT_PREFIX     # writes OUT_PREFIX.json and OUT_PREFIX.md
 """
 
 import json
