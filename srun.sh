@@ -32,8 +32,6 @@
 set -euo pipefail
 
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# The environment's variables, taken before the knobs get their defaults: the launch names the knobs among them.
-mapfile -t ENVIRONMENT < <(compgen -e)
 
 # ---- Knobs: environment variables, with their defaults -------------------------------------------------------
 # srun.sh's own knobs start with SRUNSH_, so that no variable a host sets for another tool steers a launch;
@@ -99,8 +97,10 @@ quoted() {
   printf '%s\n' "${line% }"
 }
 
-is_positive_int() {
-  [[ $1 =~ ^[1-9][0-9]*$ ]]
+# The line that names the knobs from the environment, after PREFIX; and, on stderr, the old names it did not read.
+say_environment_knobs() {
+  [[ -z $ENV_KNOBS ]] || printf '%sknobs from the environment: %s\n' "$1" "$ENV_KNOBS"
+  [[ -z $ENV_IGNORED ]] || echo "srun.sh: not read, since srun.sh's knobs have the SRUNSH_ prefix: $ENV_IGNORED" >&2
 }
 
 parse_args() {
@@ -119,25 +119,22 @@ parse_args() {
     esac
     shift
   done
-  environment_knobs # launcher/validate.sh
-  ((!HEALTH_ONLY)) || {
-    health_only_args "$@" # launcher/health.sh
-    return 0
-  }
-  (($#)) || die "no recipe given: usage is ./srun.sh [options] RECIPE.py [NAME=VALUE ...]"
-  RECIPE=$1
-  shift
-  OVERRIDES=("$@")
-  local arg
-  for arg in "${OVERRIDES[@]}"; do
-    case $arg in
-      --nsys | --dry-run | --no-container | --local | --health | -h | --help | --sbatch)
-        die "option $arg comes after the recipe: put it first, as in ./srun.sh $arg $(q "$RECIPE") ..."
-        ;;
-      "~"?* | [!=]*=*) ;; # ~NAME deletes, NAME=VALUE sets: every rank would refuse any other shape after its imports
-      *) die "argument $(q "$arg") is not NAME=VALUE: write it as NAME=VALUE, e.g. train.train_iters=1000" ;;
-    esac
+  # The checks on this host, all in one python3 (launcher/preflight.py): bad input is one line on stderr and exit 2,
+  # before anything starts; otherwise it prints the launch's settings and paths, NUL-separated, in this order.
+  command -v python3 >/dev/null ||
+    die "python3 is not found on this host: srun.sh's checks, health check and hang report run it; install python3"
+  local name settings=() plan=()
+  for name in "${!SRUNSH_@}" MASTER_PORT LOCAL USE_CONTAINER USE_NSYS DRY_RUN HEALTH_ONLY SUBMITTING; do
+    settings+=("$name=${!name}")
   done
+  mapfile -d '' -t plan < <(python3 "$REPO_DIR/launcher/preflight.py" "${settings[@]}" -- "$@")
+  ((${#plan[@]} == 11)) || exit 2 # preflight.py said why
+  SRUNSH_GPUS_PER_NODE=${plan[0]} CPUS_PER_RANK=${plan[1]} SRUNSH_SQSH=${plan[2]} CONTAINER_MOUNTS=${plan[3]}
+  CODE_DIR=${plan[4]} RECIPE_ARG=${plan[5]} RUN_ROOT=${plan[6]} RUN_ROOT_IN=${plan[7]} TASK_WORKDIR=${plan[8]}
+  ENV_KNOBS=${plan[9]} ENV_IGNORED=${plan[10]}
+  OVERRIDES=("${@:2}")
+  ((!HEALTH_ONLY)) || SRUNSH_HEALTH=1 OVERRIDES=()
+  read -ra SRUN_EXTRA <<<"$SRUNSH_SRUN_EXTRA_ARGS"
   # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this switch on.
   ((!USE_NSYS)) || default_override profiling.use_nsys_profiler=true
   # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default. Its
@@ -160,8 +157,6 @@ default_override() {
 # The parts of srun.sh, one file each: the checks on the launching host, the rank side (--rank-exec), the launch's
 # supervision (signals, the first failure), batch jobs (--sbatch), the run directory (its id and lock), the health
 # check and the hang report.
-# shellcheck source=launcher/validate.sh
-source "$REPO_DIR/launcher/validate.sh"
 # shellcheck source=launcher/rank.sh
 source "$REPO_DIR/launcher/rank.sh"
 # shellcheck source=launcher/supervise.sh
@@ -310,6 +305,7 @@ print_dry_run() {
 }
 
 main() {
+  # shellcheck disable=SC2034  # SUBMITTING: read by parse_args, through its name
   BATCH_JOB=0 SUBMITTING=0
   case ${1:-} in
     --rank-exec)
@@ -327,7 +323,6 @@ main() {
       ;;
   esac
   parse_args "$@"
-  validate
   resolve_job
   export_rank_env
   local python_cmd=("$SRUNSH_PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")

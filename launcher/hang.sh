@@ -5,14 +5,6 @@
 # recorder (SIGUSR2, answered by launcher/hang_dumps.py) before any rank is signalled to stop, and writes
 # RUN_DIR/hang-report.txt. Sourced by srun.sh, whose variables and helpers (die, q, launch, launch_step) it uses.
 
-validate_hang_knobs() {
-  [[ -z $SRUNSH_HANG_TIMEOUT_S || $SRUNSH_HANG_TIMEOUT_S == off ]] || is_positive_int "$SRUNSH_HANG_TIMEOUT_S" ||
-    die "SRUNSH_HANG_TIMEOUT_S=$(q "$SRUNSH_HANG_TIMEOUT_S") is not a positive number of seconds:" \
-      "e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default"
-  command -v python3 >/dev/null ||
-    die "python3 is not found on this host: srun.sh's health check and hang report run it; install python3"
-}
-
 # The launch COMMAND, watched for a hang; its status.
 launch_watched() {
   HUNG='' HANG_WATCH_PID=''

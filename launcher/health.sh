@@ -1,27 +1,9 @@
-# shellcheck shell=bash disable=SC2034  # what it sets (RECIPE, OVERRIDES, HEALTH_CMD) srun.sh reads
+# shellcheck shell=bash disable=SC2034  # what it sets (HEALTH_CMD) srun.sh reads
 # srun.sh's health check (`--health`, or SRUNSH_HEALTH=1 before a launch or a batch job): every rank runs
 # launcher/health.py
 # in the launch's own srun step (geometry, container, environment), and launcher/health_report.py on this host
 # enforces each part's deadline and prints the table. A batch job whose check fails requeues itself without the
 # nodes that failed (health/failed-nodes: the condemned ones; a suspect node is named, not excluded, and passes). Sourced by srun.sh, whose variables and helpers (die, q, launch, requeue_batch_job) it uses.
-
-validate_health_knobs() {
-  [[ $SRUNSH_HEALTH == [01] ]] ||
-    die "SRUNSH_HEALTH=$(q "$SRUNSH_HEALTH") is not 0 or 1: SRUNSH_HEALTH=1 runs the health check before the launch"
-  is_positive_int "$SRUNSH_HEALTH_TIMEOUT_S" ||
-    die "SRUNSH_HEALTH_TIMEOUT_S=$(q "$SRUNSH_HEALTH_TIMEOUT_S") is not a positive number of seconds:" \
-      "e.g. SRUNSH_HEALTH_TIMEOUT_S=60"
-}
-
-# --health: the check is the whole launch. Its RECIPE is launcher/health.py, so the run is
-# SRUNSH_OUTPUT_ROOT/health/SRUNSH_RUN_ID.
-health_only_args() {
-  (($# == 0)) || die "--health runs the health check alone, so $(q "$1") has no place here:" \
-    "drop it, or check before a launch with SRUNSH_HEALTH=1 ./srun.sh RECIPE.py"
-  ((!USE_NSYS)) || die "--nsys profiles training, and --health trains nothing: drop one of them"
-  SRUNSH_HEALTH=1 RECIPE=$REPO_DIR/launcher/health.py
-  OVERRIDES=()
-}
 
 # HEALTH_CMD: the launch command with launcher/health.py as every rank's program.
 health_check_command() {

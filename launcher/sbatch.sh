@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Batch jobs of srun.sh: `srun.sh --sbatch SBATCH_OPTION... -- LAUNCH...` submits, and the job's own
 # `srun.sh --batch-job LAUNCH...` saves before the time limit and requeues itself. Sourced by srun.sh, whose variables
-# and helpers (die, parse_args, validate, launch_step) it uses.
+# and helpers (die, parse_args, launch_step) it uses.
 
 # Seconds of a SLURM time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); nothing for UNLIMITED or a form that sbatch
 # refuses by itself.
@@ -47,19 +47,13 @@ submit_batch() {
   done
   (($#)) || die "--sbatch takes sbatch options, then -- and the launch:" "./srun.sh --sbatch -N 2 -t 4:00:00 -- RECIPE.py"
   shift
-  # shellcheck disable=SC2034  # read by validate() in srun.sh
+  # shellcheck disable=SC2034  # read by parse_args in srun.sh: launcher/preflight.py checks the batch knobs too
   SUBMITTING=1
   parse_args "$@"
   local arg
   for arg in "$@"; do
     [[ $arg == --dry-run ]] || launch+=("$arg")
   done
-  ((!LOCAL)) || die "--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch"
-  is_positive_int "$SRUNSH_SAVE_LEAD_S" ||
-    die "SRUNSH_SAVE_LEAD_S=$(q "$SRUNSH_SAVE_LEAD_S") is not a number of seconds: e.g. SRUNSH_SAVE_LEAD_S=300"
-  [[ $SRUNSH_MAX_RETRIES =~ ^[0-9]+$ ]] ||
-    die "SRUNSH_MAX_RETRIES=$(q "$SRUNSH_MAX_RETRIES") is not a count: e.g. SRUNSH_MAX_RETRIES=2"
-  validate
   local limit seconds
   limit=$(sbatch_time_limit "${sbatch_args[@]}")
   seconds=$(time_limit_seconds "$limit")
