@@ -154,9 +154,8 @@ default_override() {
   OVERRIDES+=("$1")
 }
 
-# The parts of srun.sh, one file each: the checks on the launching host, the rank side (--rank-exec), the launch's
-# supervision (signals, the first failure), batch jobs (--sbatch), the run directory (its id and lock), the health
-# check and the hang report.
+# The parts of srun.sh, one file each: the rank side (--rank-exec), the launch's supervision (signals), batch jobs
+# (--sbatch), the run directory (its id and lock), the health check, the hang report and the shared container.
 # shellcheck source=launcher/rank.sh
 source "$REPO_DIR/launcher/rank.sh"
 # shellcheck source=launcher/supervise.sh
@@ -171,35 +170,6 @@ source "$REPO_DIR/launcher/health.sh"
 source "$REPO_DIR/launcher/hang.sh"
 # shellcheck source=launcher/container.sh
 source "$REPO_DIR/launcher/container.sh"
-
-# An address of HOST that the other nodes reach: SLURM's NodeAddr, or the first of its IPv4 addresses outside
-# 127.0.0.0/8 (Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts, which only that host reaches).
-node_address() {
-  local host=$1 address
-  address=$(scontrol show node --oneliner "$host" 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p') || true
-  address=${address:-$host}
-  if [[ ! $address =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then
-    address=$(getent ahostsv4 "$address" | awk '$1 !~ /^127\./ { print $1; exit }') || true
-  fi
-  printf '%s\n' "$address"
-}
-
-# On the first node itself (a batch job, salloc from that node), when its own name gives only loopback: the address
-# of its interface that routes to the second node, as the kernel chooses it (ip route get), said once on stderr.
-address_toward_second_node() {
-  local me=${SLURMD_NODENAME:-$(uname -n)}
-  [[ ${me%%.*} == "${HOSTS[0]%%.*}" ]] && command -v ip >/dev/null || return 0
-  local peer route address device
-  peer=$(node_address "${HOSTS[1]}")
-  [[ -n $peer ]] || return 0
-  route=$(ip -o route get "$peer" 2>/dev/null) || return 0
-  address=$(sed -n 's/.* src \([0-9.]*\).*/\1/p' <<<"$route")
-  device=$(sed -n 's/.* dev \([^ ]*\).*/\1/p' <<<"$route")
-  [[ -n $address ]] || return 0
-  echo "srun.sh: ${HOSTS[0]}'s name gives no address but loopback here; MASTER_ADDR=$address, the address of" \
-    "$device, which routes to ${HOSTS[1]} ($peer)" >&2
-  printf '%s\n' "$address"
-}
 
 # Job facts every rank shares: the run, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
 resolve_job() {
@@ -220,14 +190,8 @@ resolve_job() {
     mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
     ((${#HOSTS[@]})) ||
       die "scontrol could not expand SLURM_JOB_NODELIST=$(q "$SLURM_JOB_NODELIST"):" "check the SLURM client setup"
-    if [[ -z $MASTER_ADDR ]]; then
-      MASTER_ADDR=$(node_address "${HOSTS[0]}")
-      ((${#HOSTS[@]} == 1)) && MASTER_ADDR=${MASTER_ADDR:-${HOSTS[0]}}
-      [[ -n $MASTER_ADDR ]] || MASTER_ADDR=$(address_toward_second_node)
-      [[ -n $MASTER_ADDR ]] ||
-        die "no address of ${HOSTS[0]} that other nodes reach (scontrol's NodeAddr, getent ahostsv4, ip route):" \
-          "set MASTER_ADDR to its IP address"
-    fi
+    # The first node's address that the other nodes reach (its NodeAddr, its name, or its route to the second node)
+    [[ -n $MASTER_ADDR ]] || MASTER_ADDR=$(python3 "$REPO_DIR/launcher/master_address.py" "${HOSTS[@]:0:2}") || exit $?
   else
     HOSTS=(NODE1)
     MASTER_ADDR=${MASTER_ADDR:-NODE1}

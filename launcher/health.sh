@@ -28,7 +28,8 @@ check_health() {
   rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status # the check's ranks': the launch's own first-failure report reads these
   [[ -z $STOPPED_BY ]] || exit $((128 + $(kill -l "$STOPPED_BY")))
   if [[ ! -s $HOST_RUN_DIR/health.json ]]; then
-    show_log_end "srun.sh: the health check ended before it judged the nodes;" "$HOST_RUN_DIR/logs/launcher.log"
+    echo "srun.sh: the health check ended before it judged the nodes; the end of $HOST_RUN_DIR/logs/launcher.log:" >&2
+    tail -n 20 -- "$HOST_RUN_DIR/logs/launcher.log" | sed 's/^/    /' >&2
     exit 1
   fi
   ((!HEALTH_ONLY)) || exit "$status"
