@@ -123,35 +123,19 @@ parse_args() {
   # before anything starts; otherwise it prints the launch's settings and paths, NUL-separated, in this order.
   command -v python3 >/dev/null ||
     die "python3 is not found on this host: srun.sh's checks, health check and hang report run it; install python3"
-  local name settings=() plan=()
-  for name in "${!SRUNSH_@}" MASTER_PORT LOCAL USE_CONTAINER USE_NSYS DRY_RUN HEALTH_ONLY SUBMITTING; do
+  local name settings=("${SBATCH_ARGS[@]/#/SBATCH_ARG=}") plan=()
+  for name in "${!SRUNSH_@}" MASTER_PORT LOCAL USE_CONTAINER USE_NSYS DRY_RUN HEALTH_ONLY SUBMITTING BATCH_JOB; do
     settings+=("$name=${!name}")
   done
   mapfile -d '' -t plan < <(python3 "$REPO_DIR/launcher/preflight.py" "${settings[@]}" -- "$@")
-  ((${#plan[@]} == 11)) || exit 2 # preflight.py said why
+  ((${#plan[@]} >= 11)) || exit 2 # preflight.py said why
   SRUNSH_GPUS_PER_NODE=${plan[0]} CPUS_PER_RANK=${plan[1]} SRUNSH_SQSH=${plan[2]} CONTAINER_MOUNTS=${plan[3]}
   CODE_DIR=${plan[4]} RECIPE_ARG=${plan[5]} RUN_ROOT=${plan[6]} RUN_ROOT_IN=${plan[7]} TASK_WORKDIR=${plan[8]}
   ENV_KNOBS=${plan[9]} ENV_IGNORED=${plan[10]}
-  OVERRIDES=("${@:2}")
+  # The user's overrides, byte for byte, then those srun.sh adds: --nsys's switch, a batch job's SIGTERM handler.
+  OVERRIDES=("${@:2}" "${plan[@]:11}")
   ((!HEALTH_ONLY)) || SRUNSH_HEALTH=1 OVERRIDES=()
   read -ra SRUN_EXTRA <<<"$SRUNSH_SRUN_EXTRA_ARGS"
-  # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this switch on.
-  ((!USE_NSYS)) || default_override profiling.use_nsys_profiler=true
-  # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default. Its
-  # data loader workers get the same SIGTERM and need the handler too, or their death fails the rank before it saves.
-  if ((BATCH_JOB)); then
-    default_override train.exit_signal_handler=true
-    default_override train.exit_signal_handler_for_dataloader=true
-  fi
-}
-
-# NAME=VALUE added to the overrides, unless the user set NAME.
-default_override() {
-  local arg
-  for arg in "${OVERRIDES[@]}"; do
-    [[ $arg != "${1%%=*}="* ]] || return 0
-  done
-  OVERRIDES+=("$1")
 }
 
 # The parts of srun.sh, one file each: the rank side (--rank-exec), the launch's supervision (signals), batch jobs
@@ -173,15 +157,7 @@ source "$REPO_DIR/launcher/container.sh"
 
 # Job facts every rank shares: the run, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
 resolve_job() {
-  NEW_RUN=0 RUN_TAKEN=0
-  if [[ -z $SRUNSH_RUN_ID ]]; then
-    NEW_RUN=1
-    if ((LOCAL)); then
-      SRUNSH_RUN_ID=local-$(date +%Y%m%d-%H%M%S)-$$
-    else
-      SRUNSH_RUN_ID=${SLURM_JOB_ID:-JOBID}-$(date +%Y%m%d-%H%M%S)
-    fi
-  fi
+  name_run # launcher/run_dir.sh
   LOCAL_WORLD_SIZE=$SRUNSH_GPUS_PER_NODE
   if ((LOCAL)); then
     HOSTS=("$(uname -n)")
@@ -196,16 +172,12 @@ resolve_job() {
     HOSTS=(NODE1)
     MASTER_ADDR=${MASTER_ADDR:-NODE1}
   fi
-  RUN_BASE=$SRUNSH_RUN_ID
-  ((DRY_RUN)) || claim_run_dir
+  ((DRY_RUN)) || claim_run_dir # launcher/run_dir.sh: the run's folder, taken, and its lock
   HOST_RUN_DIR=$RUN_ROOT/$SRUNSH_RUN_ID # RUN_DIR as this host sees it; the ranks get theirs from export_rank_env
-  if [[ -z $MASTER_PORT ]]; then
-    # Below Linux's ephemeral range (32768+); launches that took their ids in the same second differ by RUN_TAKEN.
-    local checksum
-    checksum=$(cksum <<<"$RUN_ROOT/$RUN_BASE")
-    MASTER_PORT=$((20000 + (${checksum%% *} + RUN_TAKEN) % 12768))
-  fi
+  [[ -n $MASTER_PORT ]] || MASTER_PORT=$(run_port) # launcher/run_dir.sh
   WORLD_SIZE=$((${#HOSTS[@]} * SRUNSH_GPUS_PER_NODE))
+  local IFS=,
+  NODE_LIST=${HOSTS[*]} # for the health check and the hang report
 }
 
 # What every rank inherits; a value the user already set wins. README's "Network environment" says why each EFA-era
@@ -227,12 +199,13 @@ export_rank_env() {
   unset RANK LOCAL_RANK               # the rank takes them from SLURM or torchrun
 }
 
-# One srun step, its geometry spelled out so that nothing inherited from the allocation or an enclosing step (-n1,
-# --ntasks-per-node=1, --cpus-per-task, cyclic placement) changes where the ranks go; or, with --local, torchrun.
+# LAUNCH_CMD: one srun step that runs RANK_COMMAND in every rank, its geometry spelled out so that nothing inherited
+# from the allocation or an enclosing step (-n1, --ntasks-per-node=1, --cpus-per-task, cyclic placement) changes where
+# the ranks go; or, with --local, torchrun.
 launch_command() {
   if ((LOCAL)); then
     LAUNCH_CMD=("$SRUNSH_PYTHON" -m torch.distributed.run --nnodes=1 --nproc-per-node="$SRUNSH_GPUS_PER_NODE"
-      --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "${RANK_CMD[@]}")
+      --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "$@")
     return
   fi
   LAUNCH_CMD=(srun --nodes="${#HOSTS[@]}" --ntasks="$WORLD_SIZE" --ntasks-per-node="$SRUNSH_GPUS_PER_NODE")
@@ -245,7 +218,7 @@ launch_command() {
       --container-workdir="$TASK_WORKDIR")
     [[ -z $SRUNSH_CONTAINER_NAME ]] || LAUNCH_CMD+=(--container-name="$SRUNSH_CONTAINER_NAME")
   fi
-  LAUNCH_CMD+=("${SRUN_EXTRA[@]}" "${RANK_CMD[@]}")
+  LAUNCH_CMD+=("${SRUN_EXTRA[@]}" "$@")
 }
 
 print_dry_run() {
@@ -270,7 +243,7 @@ print_dry_run() {
 
 main() {
   # shellcheck disable=SC2034  # SUBMITTING: read by parse_args, through its name
-  BATCH_JOB=0 SUBMITTING=0
+  BATCH_JOB=0 SUBMITTING=0 SBATCH_ARGS=()
   case ${1:-} in
     --rank-exec)
       shift
@@ -291,10 +264,9 @@ main() {
   export_rank_env
   local python_cmd=("$SRUNSH_PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
   ((!HEALTH_ONLY)) || python_cmd=("$SRUNSH_PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
-  RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}")
   plan_container_start # launcher/container.sh: HEALTH=1's two steps share one container
-  launch_command
   ((!SRUNSH_HEALTH)) || health_check_command
+  launch_command "$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}"
   if ((DRY_RUN)); then
     print_dry_run
     exit 0
@@ -313,9 +285,7 @@ main() {
   ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
   local status=0
   launch_watched "${LAUNCH_CMD[@]}" || status=$? # launcher/hang.sh
-  if [[ -n $STOPPED_BY ]]; then
-    exit $((128 + $(kill -l "$STOPPED_BY")))
-  fi
+  [[ -z $STOPPED_BY ]] || exit $((128 + $(kill -l "$STOPPED_BY")))
   if [[ -n $HUNG ]]; then
     status=124 # the hang watch stopped the ranks, and the hang report said why
   elif ((status)) && report_failure; then

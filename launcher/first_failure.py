@@ -3,7 +3,7 @@ and the end of its log; or the one-line error that every rank found; or what sto
 when no rank ended, what srun or torchrun said. Ranks that were stopped (SIGINT, SIGTERM, SIGKILL) sort after one that
 failed.
 
-`python3 first_failure.py RUN_DIR --log-start BYTE [--local]` prints the status srun.sh exits with (the first failed
+`python3 first_failure.py RUN_DIR --log-start BYTE [--local 0|1]` prints the status srun.sh exits with (the first failed
 rank's; 2 for the error every rank found), or nothing when no rank ended. Each rank leaves its end in
 RUN_DIR/logs/rank-RANK.status as "STATUS EPOCH_SECONDS HOST" (launcher/rank.sh).
 """
@@ -153,9 +153,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--log-start", type=int, required=True, help="where this launch's lines of launcher.log start")
-    parser.add_argument("--local", action="store_true", help="torchrun's launch, not srun's")
+    parser.add_argument("--local", type=int, choices=(0, 1), default=0, help="1: torchrun's launch, not srun's")
     args = parser.parse_args()
-    status = report(args.run_dir, args.log_start, args.local)
+    status = report(args.run_dir, args.log_start, bool(args.local))
     if status is not None:
         print(status)
 

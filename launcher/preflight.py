@@ -4,7 +4,7 @@ stderr that names it and its fix, exit 2, and nothing on stdout.
 
 `python3 preflight.py NAME=VALUE ... -- [RECIPE.py [OVERRIDE ...]]`, with every knob's value (defaults applied) and
 srun.sh's switches (LOCAL, USE_CONTAINER, ...: 0 or 1) as NAME=VALUE, prints what the launch needs, each value
-followed by a NUL, in the order of `Plan`'s fields.
+followed by a NUL: `Plan`'s fields in order, then the overrides srun.sh adds to the user's.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ SWITCHES = {
     "dry_run": "DRY_RUN",
     "health": "HEALTH_ONLY",
     "submitting": "SUBMITTING",
+    "batch_job": "BATCH_JOB",
 }
 OPTIONS = ("--nsys", "--dry-run", "--no-container", "--local", "--health", "-h", "--help", "--sbatch")
 
@@ -66,6 +67,8 @@ class Launch:
     dry_run: bool
     health: bool
     submitting: bool
+    batch_job: bool
+    sbatch_args: list[str]
 
 
 @dataclasses.dataclass
@@ -400,16 +403,73 @@ def preflight(args: Launch, knob: dict[str, str], knobs: list[str]) -> Plan:
         container_paths(knob, plan, os.path.realpath(recipe))
     else:
         host_paths(knob, plan, recipe, args.nsys)
+    if args.submitting:
+        check_time_limit(args.sbatch_args, knob["SRUNSH_SAVE_LEAD_S"])
     return plan
 
 
+def default_overrides(args: Launch) -> list[str]:
+    """The overrides srun.sh adds, unless the user set their names (none to the health check, which trains nothing)."""
+    if args.health:
+        return []
+    wanted = []
+    if args.nsys:  # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this on
+        wanted.append("profiling.use_nsys_profiler=true")
+    if args.batch_job:
+        # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default.
+        # Its data loader workers get the same SIGTERM and need the handler too, or their death fails the rank
+        # before it saves.
+        wanted += ["train.exit_signal_handler=true", "train.exit_signal_handler_for_dataloader=true"]
+    given = args.words[1:]
+    return [default for default in wanted if not any(arg.startswith(default.split("=")[0] + "=") for arg in given)]
+
+
+def sbatch_time_limit(sbatch_args: list[str]) -> str:
+    """The time limit among sbatch options (the last one wins, as in sbatch), else $SBATCH_TIMELIMIT."""
+    value, words = os.environ.get("SBATCH_TIMELIMIT", ""), iter(sbatch_args)
+    for word in words:
+        if word in ("-t", "--time"):
+            value = next(words, "")
+        elif word.startswith("--time="):
+            value = word.removeprefix("--time=")
+        elif word.startswith("-t") and len(word) > 2:
+            value = word[2:]
+    return value
+
+
+def time_limit_seconds(limit: str) -> int | None:
+    """Seconds of a SLURM time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None for UNLIMITED or a form that sbatch
+    refuses by itself."""
+    found = re.fullmatch(r"(([0-9]+)-)?([0-9]+)(:([0-9]+))?(:([0-9]+))?", limit)
+    if not found:
+        return None
+    days, first, second, third = (int(found.group(i) or 0) for i in (2, 3, 5, 7))
+    if found.group(1):  # D-H[:M[:S]]
+        return ((days * 24 + first) * 60 + second) * 60 + third
+    if found.group(6):  # H:M:S
+        return (first * 60 + second) * 60 + third
+    return first * 60 + second  # M[:S]
+
+
+def check_time_limit(sbatch_args: list[str], save_lead_s: str) -> None:
+    limit = sbatch_time_limit(sbatch_args)
+    seconds = time_limit_seconds(limit)
+    if seconds is not None and seconds <= int(save_lead_s):
+        raise BadInputError(
+            f"time limit {limit} ({seconds} s) leaves no time before the save SRUNSH_SAVE_LEAD_S={save_lead_s} s"
+            " ahead of it: give a longer --time or a smaller SRUNSH_SAVE_LEAD_S"
+        )
+
+
 def parse(argv: list[str]) -> tuple[Launch, dict[str, str]]:
-    """srun.sh's NAME=VALUE settings (the knobs; its switches LOCAL, USE_CONTAINER, ... as 0 or 1), then -- and the
-    words after the options."""
+    """srun.sh's NAME=VALUE settings (the knobs; its switches LOCAL, USE_CONTAINER, ... as 0 or 1; SBATCH_ARG, once
+    for each of --sbatch's options), then -- and the words after the options."""
     split = argv.index("--")
-    given = dict(pair.split("=", 1) for pair in argv[:split])
+    pairs = [pair.split("=", 1) for pair in argv[:split]]
+    given = {name: value for name, value in pairs if name != "SBATCH_ARG"}
     switches = {name: given.pop(switch) == "1" for name, switch in SWITCHES.items()}
-    return Launch(words=argv[split + 1 :], **switches), given
+    sbatch_args = [value for name, value in pairs if name == "SBATCH_ARG"]
+    return Launch(words=argv[split + 1 :], sbatch_args=sbatch_args, **switches), given
 
 
 def main() -> None:
@@ -419,7 +479,7 @@ def main() -> None:
     except BadInputError as error:
         sys.stderr.buffer.write(os.fsencode(f"srun.sh: {error}\n"))
         sys.exit(2)
-    for value in dataclasses.astuple(plan):
+    for value in [*dataclasses.astuple(plan), *default_overrides(args)]:
         sys.stdout.buffer.write(os.fsencode(value) + b"\0")
 
 

@@ -21,14 +21,10 @@ record_rank_status() {
 
 # GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files.
 visible_gpus() {
-  local -a ids=()
   if [[ -v CUDA_VISIBLE_DEVICES ]]; then
+    local -a ids
     IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
-    local id count=0
-    for id in "${ids[@]}"; do
-      [[ -n $id ]] && count=$((count + 1))
-    done
-    echo "$count"
+    printf '%s\n' "${ids[@]}" | grep -c . || true # the non-empty ids
   else
     { compgen -G '/dev/nvidia[0-9]*' || true; } | wc -l
   fi

@@ -1,7 +1,6 @@
 # shellcheck shell=bash
 # The launch's supervision in srun.sh: it runs the launch command (srun, or torchrun with --local), passes SIGINT,
-# SIGTERM and SIGHUP on to every rank as SIGTERM, and names the rank that failed first from the records that each
-# rank leaves (launcher/rank.sh). Sourced by srun.sh, whose variables it uses.
+# SIGTERM and SIGHUP on to every rank as SIGTERM, and reports the first failure. Sourced by srun.sh.
 
 # The launcher's own account of the launch goes to RUN_DIR/logs/launcher.log: torchrun's log and failure report with
 # --local; srun's, slurmstepd's and pyxis's lines under SLURM. Of srun's, the per-task status lines, the cancellation
@@ -99,9 +98,7 @@ launch() {
 # log, the error every rank found, a stop from outside, what srun or torchrun said). FIRST_STATUS: the status srun.sh
 # exits with; it fails when no rank ended.
 report_failure() {
-  local local_launch=()
-  ((!LOCAL)) || local_launch=(--local)
   FIRST_STATUS=$(python3 "$REPO_DIR/launcher/first_failure.py" "$HOST_RUN_DIR" --log-start "$LAUNCHER_LOG_START" \
-    "${local_launch[@]}") || true
+    --local "$LOCAL") || true
   [[ -n $FIRST_STATUS ]]
 }
