@@ -266,13 +266,20 @@ def fields(text: str, separator: str) -> list[str]:
     return line.removesuffix(separator).split(separator) if line else []
 
 
+def split_mount(entry: str) -> tuple[str, str, str, bool]:
+    """An SRUNSH_MOUNT entry's SRC, DST and FLAGS, and whether more fields follow, as bash's read splits it (IFS=:):
+    a ":" that ends the entry ends its last field."""
+    src, dst, flags, rest = [*entry.split(":", 3), "", "", ""][:4]
+    return src, dst, flags, rest not in ("", ":")
+
+
 def parse_mounts(spec: str) -> list[Mount]:
     """SRUNSH_MOUNT's entries. pyxis takes a source that starts with neither / nor ./ for neither a path nor anything
     else, and refuses the whole step on every node, so relative sources are made absolute here."""
     mounts = []
     for entry in fields(spec, ","):
-        src, dst, flags, rest = [*entry.split(":", 3), "", "", ""][:4]
-        if not src or not dst.startswith("/") or rest not in ("", ":"):  # bash's read: ":" ends flags
+        src, dst, flags, more = split_mount(entry)
+        if not src or not dst.startswith("/") or more:
             raise BadInputError(
                 f"SRUNSH_MOUNT entry {q(entry)} is not SRC:DST[:FLAGS] with an absolute DST:"
                 f" fix SRUNSH_MOUNT, e.g. SRUNSH_MOUNT={q(f'{REPO}:/workspace/megatron')}"
