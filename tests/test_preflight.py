@@ -28,7 +28,7 @@ def test_values_are_quoted_as_bash_quotes_them(value: str):
     assert q(value) == bash('printf "%q" "$1"', value)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(spec=MOUNT_TEXT)
 def test_mount_entries_split_as_bash_read_splits_them(spec: str):
     """srun.sh split SRUNSH_MOUNT with IFS=, read -ra, and each entry with IFS=: read -r src dst flags rest."""
@@ -39,7 +39,7 @@ def test_mount_entries_split_as_bash_read_splits_them(spec: str):
     assert [more for *_, more in entries] == [bool(fields[3]) for fields in expected]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(devices=st.text(st.sampled_from("0,1 \n"), max_size=8))
 def test_the_launching_host_counts_the_gpus_a_rank_counts(devices: str):
     """preflight.py checks --local's GPUs on the launching host; launcher/rank.sh checks each rank's own."""
