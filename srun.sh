@@ -32,8 +32,6 @@
 set -euo pipefail
 
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# The environment's variables, taken before the knobs get their defaults: the launch names the knobs among them.
-mapfile -t ENVIRONMENT < <(compgen -e)
 
 # ---- Knobs: environment variables, with their defaults -------------------------------------------------------
 # srun.sh's own knobs start with SRUNSH_, so that no variable a host sets for another tool steers a launch;
@@ -99,8 +97,10 @@ quoted() {
   printf '%s\n' "${line% }"
 }
 
-is_positive_int() {
-  [[ $1 =~ ^[1-9][0-9]*$ ]]
+# The line that names the knobs from the environment, after PREFIX; and, on stderr, the old names it did not read.
+say_environment_knobs() {
+  [[ -z $ENV_KNOBS ]] || printf '%sknobs from the environment: %s\n' "$1" "$ENV_KNOBS"
+  [[ -z $ENV_IGNORED ]] || echo "srun.sh: not read, since srun.sh's knobs have the SRUNSH_ prefix: $ENV_IGNORED" >&2
 }
 
 parse_args() {
@@ -119,49 +119,27 @@ parse_args() {
     esac
     shift
   done
-  environment_knobs # launcher/validate.sh
-  ((!HEALTH_ONLY)) || {
-    health_only_args "$@" # launcher/health.sh
-    return 0
-  }
-  (($#)) || die "no recipe given: usage is ./srun.sh [options] RECIPE.py [NAME=VALUE ...]"
-  RECIPE=$1
-  shift
-  OVERRIDES=("$@")
-  local arg
-  for arg in "${OVERRIDES[@]}"; do
-    case $arg in
-      --nsys | --dry-run | --no-container | --local | --health | -h | --help | --sbatch)
-        die "option $arg comes after the recipe: put it first, as in ./srun.sh $arg $(q "$RECIPE") ..."
-        ;;
-      "~"?* | [!=]*=*) ;; # ~NAME deletes, NAME=VALUE sets: every rank would refuse any other shape after its imports
-      *) die "argument $(q "$arg") is not NAME=VALUE: write it as NAME=VALUE, e.g. train.train_iters=1000" ;;
-    esac
+  # The checks on this host, all in one python3 (launcher/preflight.py): bad input is one line on stderr and exit 2,
+  # before anything starts; otherwise it prints the launch's settings and paths, NUL-separated, in this order.
+  command -v python3 >/dev/null ||
+    die "python3 is not found on this host: srun.sh's checks, health check and hang report run it; install python3"
+  local name settings=("${SBATCH_ARGS[@]/#/SBATCH_ARG=}") plan=()
+  for name in "${!SRUNSH_@}" MASTER_PORT LOCAL USE_CONTAINER USE_NSYS DRY_RUN HEALTH_ONLY SUBMITTING BATCH_JOB; do
+    settings+=("$name=${!name}")
   done
-  # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this switch on.
-  ((!USE_NSYS)) || default_override profiling.use_nsys_profiler=true
-  # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default. Its
-  # data loader workers get the same SIGTERM and need the handler too, or their death fails the rank before it saves.
-  if ((BATCH_JOB)); then
-    default_override train.exit_signal_handler=true
-    default_override train.exit_signal_handler_for_dataloader=true
-  fi
+  mapfile -d '' -t plan < <(python3 "$REPO_DIR/launcher/preflight.py" "${settings[@]}" -- "$@")
+  ((${#plan[@]} >= 11)) || exit 2 # preflight.py said why
+  SRUNSH_GPUS_PER_NODE=${plan[0]} CPUS_PER_RANK=${plan[1]} SRUNSH_SQSH=${plan[2]} CONTAINER_MOUNTS=${plan[3]}
+  CODE_DIR=${plan[4]} RECIPE_ARG=${plan[5]} RUN_ROOT=${plan[6]} RUN_ROOT_IN=${plan[7]} TASK_WORKDIR=${plan[8]}
+  ENV_KNOBS=${plan[9]} ENV_IGNORED=${plan[10]}
+  # The user's overrides, byte for byte, then those srun.sh adds: --nsys's switch, a batch job's SIGTERM handler.
+  OVERRIDES=("${@:2}" "${plan[@]:11}")
+  ((!HEALTH_ONLY)) || SRUNSH_HEALTH=1 OVERRIDES=()
+  read -ra SRUN_EXTRA <<<"$SRUNSH_SRUN_EXTRA_ARGS"
 }
 
-# NAME=VALUE added to the overrides, unless the user set NAME.
-default_override() {
-  local arg
-  for arg in "${OVERRIDES[@]}"; do
-    [[ $arg != "${1%%=*}="* ]] || return 0
-  done
-  OVERRIDES+=("$1")
-}
-
-# The parts of srun.sh, one file each: the checks on the launching host, the rank side (--rank-exec), the launch's
-# supervision (signals, the first failure), batch jobs (--sbatch), the run directory (its id and lock), the health
-# check and the hang report.
-# shellcheck source=launcher/validate.sh
-source "$REPO_DIR/launcher/validate.sh"
+# The parts of srun.sh, one file each: the rank side (--rank-exec), the launch's supervision (signals), batch jobs
+# (--sbatch), the run directory (its id and lock), the health check, the hang report and the shared container.
 # shellcheck source=launcher/rank.sh
 source "$REPO_DIR/launcher/rank.sh"
 # shellcheck source=launcher/supervise.sh
@@ -177,46 +155,9 @@ source "$REPO_DIR/launcher/hang.sh"
 # shellcheck source=launcher/container.sh
 source "$REPO_DIR/launcher/container.sh"
 
-# An address of HOST that the other nodes reach: SLURM's NodeAddr, or the first of its IPv4 addresses outside
-# 127.0.0.0/8 (Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts, which only that host reaches).
-node_address() {
-  local host=$1 address
-  address=$(scontrol show node --oneliner "$host" 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p') || true
-  address=${address:-$host}
-  if [[ ! $address =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then
-    address=$(getent ahostsv4 "$address" | awk '$1 !~ /^127\./ { print $1; exit }') || true
-  fi
-  printf '%s\n' "$address"
-}
-
-# On the first node itself (a batch job, salloc from that node), when its own name gives only loopback: the address
-# of its interface that routes to the second node, as the kernel chooses it (ip route get), said once on stderr.
-address_toward_second_node() {
-  local me=${SLURMD_NODENAME:-$(uname -n)}
-  [[ ${me%%.*} == "${HOSTS[0]%%.*}" ]] && command -v ip >/dev/null || return 0
-  local peer route address device
-  peer=$(node_address "${HOSTS[1]}")
-  [[ -n $peer ]] || return 0
-  route=$(ip -o route get "$peer" 2>/dev/null) || return 0
-  address=$(sed -n 's/.* src \([0-9.]*\).*/\1/p' <<<"$route")
-  device=$(sed -n 's/.* dev \([^ ]*\).*/\1/p' <<<"$route")
-  [[ -n $address ]] || return 0
-  echo "srun.sh: ${HOSTS[0]}'s name gives no address but loopback here; MASTER_ADDR=$address, the address of" \
-    "$device, which routes to ${HOSTS[1]} ($peer)" >&2
-  printf '%s\n' "$address"
-}
-
 # Job facts every rank shares: the run, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
 resolve_job() {
-  NEW_RUN=0 RUN_TAKEN=0
-  if [[ -z $SRUNSH_RUN_ID ]]; then
-    NEW_RUN=1
-    if ((LOCAL)); then
-      SRUNSH_RUN_ID=local-$(date +%Y%m%d-%H%M%S)-$$
-    else
-      SRUNSH_RUN_ID=${SLURM_JOB_ID:-JOBID}-$(date +%Y%m%d-%H%M%S)
-    fi
-  fi
+  name_run # launcher/run_dir.sh
   LOCAL_WORLD_SIZE=$SRUNSH_GPUS_PER_NODE
   if ((LOCAL)); then
     HOSTS=("$(uname -n)")
@@ -225,28 +166,18 @@ resolve_job() {
     mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
     ((${#HOSTS[@]})) ||
       die "scontrol could not expand SLURM_JOB_NODELIST=$(q "$SLURM_JOB_NODELIST"):" "check the SLURM client setup"
-    if [[ -z $MASTER_ADDR ]]; then
-      MASTER_ADDR=$(node_address "${HOSTS[0]}")
-      ((${#HOSTS[@]} == 1)) && MASTER_ADDR=${MASTER_ADDR:-${HOSTS[0]}}
-      [[ -n $MASTER_ADDR ]] || MASTER_ADDR=$(address_toward_second_node)
-      [[ -n $MASTER_ADDR ]] ||
-        die "no address of ${HOSTS[0]} that other nodes reach (scontrol's NodeAddr, getent ahostsv4, ip route):" \
-          "set MASTER_ADDR to its IP address"
-    fi
+    # The first node's address that the other nodes reach (its NodeAddr, its name, or its route to the second node)
+    [[ -n $MASTER_ADDR ]] || MASTER_ADDR=$(python3 "$REPO_DIR/launcher/master_address.py" "${HOSTS[@]:0:2}") || exit $?
   else
     HOSTS=(NODE1)
     MASTER_ADDR=${MASTER_ADDR:-NODE1}
   fi
-  RUN_BASE=$SRUNSH_RUN_ID
-  ((DRY_RUN)) || claim_run_dir
+  ((DRY_RUN)) || claim_run_dir # launcher/run_dir.sh: the run's folder, taken, and its lock
   HOST_RUN_DIR=$RUN_ROOT/$SRUNSH_RUN_ID # RUN_DIR as this host sees it; the ranks get theirs from export_rank_env
-  if [[ -z $MASTER_PORT ]]; then
-    # Below Linux's ephemeral range (32768+); launches that took their ids in the same second differ by RUN_TAKEN.
-    local checksum
-    checksum=$(cksum <<<"$RUN_ROOT/$RUN_BASE")
-    MASTER_PORT=$((20000 + (${checksum%% *} + RUN_TAKEN) % 12768))
-  fi
+  [[ -n $MASTER_PORT ]] || MASTER_PORT=$(run_port) # launcher/run_dir.sh
   WORLD_SIZE=$((${#HOSTS[@]} * SRUNSH_GPUS_PER_NODE))
+  local IFS=,
+  NODE_LIST=${HOSTS[*]} # for the health check and the hang report
 }
 
 # What every rank inherits; a value the user already set wins. README's "Network environment" says why each EFA-era
@@ -268,12 +199,13 @@ export_rank_env() {
   unset RANK LOCAL_RANK               # the rank takes them from SLURM or torchrun
 }
 
-# One srun step, its geometry spelled out so that nothing inherited from the allocation or an enclosing step (-n1,
-# --ntasks-per-node=1, --cpus-per-task, cyclic placement) changes where the ranks go; or, with --local, torchrun.
+# LAUNCH_CMD: one srun step that runs RANK_COMMAND in every rank, its geometry spelled out so that nothing inherited
+# from the allocation or an enclosing step (-n1, --ntasks-per-node=1, --cpus-per-task, cyclic placement) changes where
+# the ranks go; or, with --local, torchrun.
 launch_command() {
   if ((LOCAL)); then
     LAUNCH_CMD=("$SRUNSH_PYTHON" -m torch.distributed.run --nnodes=1 --nproc-per-node="$SRUNSH_GPUS_PER_NODE"
-      --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "${RANK_CMD[@]}")
+      --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "$@")
     return
   fi
   LAUNCH_CMD=(srun --nodes="${#HOSTS[@]}" --ntasks="$WORLD_SIZE" --ntasks-per-node="$SRUNSH_GPUS_PER_NODE")
@@ -286,7 +218,7 @@ launch_command() {
       --container-workdir="$TASK_WORKDIR")
     [[ -z $SRUNSH_CONTAINER_NAME ]] || LAUNCH_CMD+=(--container-name="$SRUNSH_CONTAINER_NAME")
   fi
-  LAUNCH_CMD+=("${SRUN_EXTRA[@]}" "${RANK_CMD[@]}")
+  LAUNCH_CMD+=("${SRUN_EXTRA[@]}" "$@")
 }
 
 print_dry_run() {
@@ -310,7 +242,8 @@ print_dry_run() {
 }
 
 main() {
-  BATCH_JOB=0 SUBMITTING=0
+  # shellcheck disable=SC2034  # SUBMITTING: read by parse_args, through its name
+  BATCH_JOB=0 SUBMITTING=0 SBATCH_ARGS=()
   case ${1:-} in
     --rank-exec)
       shift
@@ -327,15 +260,13 @@ main() {
       ;;
   esac
   parse_args "$@"
-  validate
   resolve_job
   export_rank_env
   local python_cmd=("$SRUNSH_PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
   ((!HEALTH_ONLY)) || python_cmd=("$SRUNSH_PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
-  RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}")
   plan_container_start # launcher/container.sh: HEALTH=1's two steps share one container
-  launch_command
   ((!SRUNSH_HEALTH)) || health_check_command
+  launch_command "$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}"
   if ((DRY_RUN)); then
     print_dry_run
     exit 0
@@ -354,9 +285,7 @@ main() {
   ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
   local status=0
   launch_watched "${LAUNCH_CMD[@]}" || status=$? # launcher/hang.sh
-  if [[ -n $STOPPED_BY ]]; then
-    exit $((128 + $(kill -l "$STOPPED_BY")))
-  fi
+  [[ -z $STOPPED_BY ]] || exit $((128 + $(kill -l "$STOPPED_BY")))
   if [[ -n $HUNG ]]; then
     status=124 # the hang watch stopped the ranks, and the hang report said why
   elif ((status)) && report_failure; then

@@ -3,15 +3,7 @@
 # has completed for SRUNSH_HANG_TIMEOUT_S, sends srun.sh SIGUSR2. Then, and whenever the launch is stopped (SIGINT,
 # SIGTERM, the batch time limit), launcher/hang_report.py asks every rank for its Python stacks and torch's flight
 # recorder (SIGUSR2, answered by launcher/hang_dumps.py) before any rank is signalled to stop, and writes
-# RUN_DIR/hang-report.txt. Sourced by srun.sh, whose variables and helpers (die, q, launch, launch_step) it uses.
-
-validate_hang_knobs() {
-  [[ -z $SRUNSH_HANG_TIMEOUT_S || $SRUNSH_HANG_TIMEOUT_S == off ]] || is_positive_int "$SRUNSH_HANG_TIMEOUT_S" ||
-    die "SRUNSH_HANG_TIMEOUT_S=$(q "$SRUNSH_HANG_TIMEOUT_S") is not a positive number of seconds:" \
-      "e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default"
-  command -v python3 >/dev/null ||
-    die "python3 is not found on this host: srun.sh's health check and hang report run it; install python3"
-}
+# RUN_DIR/hang-report.txt. Sourced by srun.sh, whose variables and helpers (launch, launch_step) it uses.
 
 # The launch COMMAND, watched for a hang; its status.
 launch_watched() {
@@ -27,10 +19,7 @@ launch_watched() {
   local status=0
   launch "$@" || status=$?
   HANG_REPORT_DUE=0
-  if [[ -n $HANG_WATCH_PID ]]; then
-    kill "$HANG_WATCH_PID" 2>/dev/null || true
-    wait "$HANG_WATCH_PID" 2>/dev/null || true
-  fi
+  [[ -z $HANG_WATCH_PID ]] || { kill "$HANG_WATCH_PID" && wait "$HANG_WATCH_PID"; } 2>/dev/null || true
   return "$status"
 }
 
@@ -47,13 +36,12 @@ stop_hung_launch() {
 collect_hang_report() {
   ((${HANG_REPORT_DUE:-0})) || return 0
   HANG_REPORT_DUE=0
-  local target=(--local) nodes
+  local target=(--local)
   if ((!LOCAL)); then
     target=(--step "$(launch_step)")
     [[ -n ${target[1]} ]] || return 0 # no step yet: no rank to ask
   fi
   ((!${HUNG:-0})) || target+=(--stalled) # the hang watch's: a stall, not a stop of a job that may be progressing
-  printf -v nodes '%s,' "${HOSTS[@]}"
   python3 "$REPO_DIR/launcher/hang_report.py" "$HOST_RUN_DIR" --why "$1" --world-size "$WORLD_SIZE" \
-    --nodes "${nodes%,}" --ranks-per-node "$SRUNSH_GPUS_PER_NODE" "${target[@]}" || true
+    --nodes "$NODE_LIST" --ranks-per-node "$SRUNSH_GPUS_PER_NODE" "${target[@]}" || true
 }

@@ -2,7 +2,7 @@
 # The rank side of srun.sh: `srun.sh --rank-exec COMMAND...` runs once per rank, started by srun in every task (or by
 # torchrun with --local). It gives the rank its torch.distributed identity, checks that the rank has a GPU, keeps its
 # output in RUN_DIR/logs/rank-RANK.log beside the labelled console, and records how it ended for srun.sh's failure
-# report. Sourced by srun.sh, whose variables and helpers (die, visible_gpus) it uses.
+# report. Sourced by srun.sh, whose variables and helpers (die, q) it uses.
 
 # A rank that cannot start says why in one line, in its log and once for the whole job (the first rank to get there
 # leaves it for srun.sh's report, as entrypoint.py does with a config error: eight ranks a node would repeat it), and
@@ -17,6 +17,17 @@ rank_fails() {
 
 record_rank_status() {
   (umask 077 && printf '%s %s %s\n' "$1" "$(date +%s.%N)" "$(uname -n)" >"$RUN_DIR/logs/rank-$RANK.status")
+}
+
+# GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files.
+visible_gpus() {
+  if [[ -v CUDA_VISIBLE_DEVICES ]]; then
+    local -a ids
+    IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
+    printf '%s\n' "${ids[@]}" | grep -c . || true # the non-empty ids
+  else
+    { compgen -G '/dev/nvidia[0-9]*' || true; } | wc -l
+  fi
 }
 
 # A rank without a GPU of its own: the hint names what can work (SRUNSH_GPUS_PER_NODE=0 cannot).

@@ -1,9 +1,30 @@
-# shellcheck shell=bash disable=SC2034  # what claim_run_dir sets (RESUMING, RUN_TAKEN) srun.sh reads
+# shellcheck shell=bash disable=SC2034  # what it sets (RESUMING, RUN_BASE, NEW_RUN, ...) srun.sh reads
 # The run directory of a launch, RUN_ROOT/RUN_ID, taken before anything starts. A new run takes its id by creating its
 # directory, which is atomic (on shared file systems too): launches started together, in one allocation or in
 # several, get ids of their own (the second in one second gets -2, the third -3). A launch holds its run's lock while
 # it runs, so a second launch of a RUN_ID that is still running is refused instead of resuming into the live run.
 # Sourced by srun.sh, whose variables and helpers (die, q) it uses.
+
+# SRUNSH_RUN_ID, unless the user named a run: <job id>-<date>-<time>, or local-<date>-<time>-<pid> with --local.
+name_run() {
+  NEW_RUN=0 RUN_TAKEN=0
+  if [[ -z $SRUNSH_RUN_ID ]]; then
+    NEW_RUN=1
+    local stamp
+    stamp=$(date +%Y%m%d-%H%M%S)
+    SRUNSH_RUN_ID=${SLURM_JOB_ID:-JOBID}-$stamp
+    ((!LOCAL)) || SRUNSH_RUN_ID=local-$stamp-$$
+  fi
+  RUN_BASE=$SRUNSH_RUN_ID
+}
+
+# The run's rendezvous port: 20000-32767, below Linux's ephemeral range (32768+), derived from RUN_DIR, so that two
+# runs on one node differ; launches that took their ids in the same second differ by RUN_TAKEN.
+run_port() {
+  local checksum
+  checksum=$(cksum <<<"$RUN_ROOT/$RUN_BASE")
+  echo $((20000 + (${checksum%% *} + RUN_TAKEN) % 12768))
+}
 
 claim_run_dir() {
   local error

@@ -1,35 +1,7 @@
 # shellcheck shell=bash
 # Batch jobs of srun.sh: `srun.sh --sbatch SBATCH_OPTION... -- LAUNCH...` submits, and the job's own
 # `srun.sh --batch-job LAUNCH...` saves before the time limit and requeues itself. Sourced by srun.sh, whose variables
-# and helpers (die, parse_args, validate, launch_step) it uses.
-
-# Seconds of a SLURM time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); nothing for UNLIMITED or a form that sbatch
-# refuses by itself.
-time_limit_seconds() {
-  [[ $1 =~ ^(([0-9]+)-)?([0-9]+)(:([0-9]+))?(:([0-9]+))?$ ]] || return 0
-  local days=${BASH_REMATCH[2]:-0} first=${BASH_REMATCH[3]} second=${BASH_REMATCH[5]:-0} third=${BASH_REMATCH[7]:-0}
-  if [[ -n ${BASH_REMATCH[1]} ]]; then # D-H[:M[:S]]
-    echo $((((10#$days * 24 + 10#$first) * 60 + 10#$second) * 60 + 10#$third))
-  elif [[ -n ${BASH_REMATCH[6]} ]]; then # H:M:S
-    echo $(((10#$first * 60 + 10#$second) * 60 + 10#$third))
-  else # M[:S]
-    echo $((10#$first * 60 + 10#$second))
-  fi
-}
-
-# The time limit among sbatch options (the last one wins, as in sbatch), else $SBATCH_TIMELIMIT.
-sbatch_time_limit() {
-  local value=${SBATCH_TIMELIMIT:-}
-  while (($#)); do
-    case $1 in
-      -t | --time) value=${2:-} && shift ;;
-      --time=*) value=${1#--time=} ;;
-      -t?*) value=${1#-t} ;;
-    esac
-    shift
-  done
-  printf '%s\n' "$value"
-}
+# and helpers (die, parse_args, launch_step) it uses.
 
 # The job's script: sbatch copies it into SLURM's spool, so it names this checkout's srun.sh by its full path.
 batch_script() {
@@ -40,38 +12,24 @@ batch_script() {
 }
 
 submit_batch() {
-  local -a sbatch_args=() launch=()
+  local -a launch=()
   while (($#)) && [[ $1 != -- ]]; do
-    sbatch_args+=("$1")
+    SBATCH_ARGS+=("$1")
     shift
   done
   (($#)) || die "--sbatch takes sbatch options, then -- and the launch:" "./srun.sh --sbatch -N 2 -t 4:00:00 -- RECIPE.py"
   shift
-  # shellcheck disable=SC2034  # read by validate() in srun.sh
+  # shellcheck disable=SC2034  # read by parse_args in srun.sh (launcher/preflight.py: batch knobs, time limit)
   SUBMITTING=1
   parse_args "$@"
   local arg
   for arg in "$@"; do
     [[ $arg == --dry-run ]] || launch+=("$arg")
   done
-  ((!LOCAL)) || die "--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch"
-  is_positive_int "$SRUNSH_SAVE_LEAD_S" ||
-    die "SRUNSH_SAVE_LEAD_S=$(q "$SRUNSH_SAVE_LEAD_S") is not a number of seconds: e.g. SRUNSH_SAVE_LEAD_S=300"
-  [[ $SRUNSH_MAX_RETRIES =~ ^[0-9]+$ ]] ||
-    die "SRUNSH_MAX_RETRIES=$(q "$SRUNSH_MAX_RETRIES") is not a count: e.g. SRUNSH_MAX_RETRIES=2"
-  validate
-  local limit seconds
-  limit=$(sbatch_time_limit "${sbatch_args[@]}")
-  seconds=$(time_limit_seconds "$limit")
-  if [[ -n $seconds ]] && ((seconds <= SRUNSH_SAVE_LEAD_S)); then
-    die "time limit $limit ($seconds s) leaves no time before the save" \
-      "SRUNSH_SAVE_LEAD_S=$SRUNSH_SAVE_LEAD_S s ahead of it:" \
-      "give a longer --time or a smaller SRUNSH_SAVE_LEAD_S"
-  fi
   local -a submit=(sbatch --requeue --open-mode=append "--signal=B:USR1@$SRUNSH_SAVE_LEAD_S")
-  [[ " ${sbatch_args[*]} " == *" -o"* || " ${sbatch_args[*]} " == *" --output"* ]] ||
+  [[ " ${SBATCH_ARGS[*]} " == *" -o"* || " ${SBATCH_ARGS[*]} " == *" --output"* ]] ||
     submit+=("--output=$RUN_ROOT/slurm-%j.out")
-  submit+=("${sbatch_args[@]}")
+  submit+=("${SBATCH_ARGS[@]}")
   local script
   script=$(batch_script "${launch[@]}")
   if ((DRY_RUN)); then

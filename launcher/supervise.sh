@@ -1,7 +1,6 @@
 # shellcheck shell=bash
 # The launch's supervision in srun.sh: it runs the launch command (srun, or torchrun with --local), passes SIGINT,
-# SIGTERM and SIGHUP on to every rank as SIGTERM, and names the rank that failed first from the records that each
-# rank leaves (launcher/rank.sh). Sourced by srun.sh, whose variables it uses.
+# SIGTERM and SIGHUP on to every rank as SIGTERM, and reports the first failure. Sourced by srun.sh.
 
 # The launcher's own account of the launch goes to RUN_DIR/logs/launcher.log: torchrun's log and failure report with
 # --local; srun's, slurmstepd's and pyxis's lines under SLURM. Of srun's, the per-task status lines, the cancellation
@@ -95,83 +94,11 @@ launch() {
   return "$status"
 }
 
-# Which rank failed first, on which host, with which status, and the end of its log; or the one-line error that every
-# rank found; or what stopped every rank from outside; or, when no rank ended, what srun or torchrun said. Ranks that
-# were stopped (SIGINT, SIGTERM, SIGKILL) sort after one that failed.
+# The report of a launch that ended badly (launcher/first_failure.py: the rank that failed first and the end of its
+# log, the error every rank found, a stop from outside, what srun or torchrun said). FIRST_STATUS: the status srun.sh
+# exits with; it fails when no rank ended.
 report_failure() {
-  local logs=$HOST_RUN_DIR/logs file status when host stopped rank line
-  if [[ -s $logs/usage-error ]]; then
-    cat -- "$logs/usage-error" >&2
-    FIRST_STATUS=2
-    return 0
-  fi
-  line=$(for file in "$logs"/rank-*.status; do
-    [[ -e $file ]] || continue
-    read -r status when host <"$file"
-    ((status)) || continue
-    case $status in
-      130 | 137 | 143) stopped=1 ;;
-      *) stopped=0 ;;
-    esac
-    rank=${file##*/rank-}
-    echo "$stopped $when ${rank%.status} $status $host"
-  done | sort -k1,1n -k2,2g | head -n 1)
-  if [[ -z $line ]]; then
-    report_launcher_notes
-    return 1
-  fi
-  read -r stopped when rank FIRST_STATUS host <<<"$line"
-  if ((stopped)); then
-    report_stopped_from_outside "rank $rank on $host first, with exit status $FIRST_STATUS"
-  elif [[ -e $logs/rank-$rank.log ]]; then
-    show_log_end "srun.sh: rank $rank on $host failed first, with exit status $FIRST_STATUS;" "$logs/rank-$rank.log"
-  else
-    echo "srun.sh: rank $rank on $host failed first, with exit status $FIRST_STATUS, before it wrote a log" >&2
-  fi
-}
-
-# This launch's lines of launcher.log; under SLURM each once, since pyxis and slurmstepd say the same on every node.
-launch_notes() {
-  # shellcheck disable=SC2016  # awk's $0
-  local dedupe=(awk '!seen[$0]++')
-  ((!LOCAL)) || dedupe=(cat)
-  tail -c "+$LAUNCHER_LOG_START" -- "$HOST_RUN_DIR/logs/launcher.log" 2>/dev/null | "${dedupe[@]}"
-}
-
-# No rank ended (none started, or none could record its end): the end of what srun or torchrun said, which holds the
-# cause (a container pyxis could not create, a step SLURM refused, a SRUNSH_PYTHON without torch).
-report_launcher_notes() {
-  local notes said="srun said"
-  notes=$(launch_notes | grep -E -v ': tasks? [0-9,-]+: Exited with exit code [0-9]+$' | tail -n 20) || true
-  [[ -n $notes ]] || return 0
-  ((!LOCAL)) || said="torchrun said"
-  echo "srun.sh: the launch failed before any rank started; $said ($HOST_RUN_DIR/logs/launcher.log):" >&2
-  printf '%s\n' "$notes" | indent
-}
-
-# Every rank that ended was stopped by a signal that srun.sh did not send (scancel, a revoked allocation, preemption,
-# a time limit): say so, with what SLURM said, instead of naming a stopped rank as the failure.
-report_stopped_from_outside() {
-  local cancelled step what="every rank" state=''
-  cancelled=$(launch_notes | grep -E '\*\*\* (STEP|JOB) [0-9.]+ ON .* CANCELLED AT' | head -n 5) || true
-  step=$(sed -n -E 's/.*\*\*\* STEP ([0-9.]+) ON .*/\1/p' <<<"$cancelled" | head -n 1)
-  [[ -z $step ]] || what="job step $step"
-  if ((!LOCAL)); then
-    state=$(scontrol show job --oneliner "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.* JobState=\([^ ]*\).*/\1/p') || true
-    state="job $SLURM_JOB_ID is ${state:-no longer known to SLURM}; "
-  fi
-  echo "srun.sh: $what was stopped from outside srun.sh, no rank failed on its" \
-    "own (${state}every rank ended by a signal, $1)${cancelled:+:}" >&2
-  [[ -z $cancelled ]] || printf '%s\n' "$cancelled" | indent
-}
-
-# HEADLINE "the end of LOG:", then LOG's last 20 lines, indented, on stderr.
-show_log_end() {
-  echo "$1 the end of $2:" >&2
-  tail -n 20 -- "$2" | indent
-}
-
-# Lines of a report below its headline.
-indent() {
-  sed 's/^/    /' >&2
+  FIRST_STATUS=$(python3 "$REPO_DIR/launcher/first_failure.py" "$HOST_RUN_DIR" --log-start "$LAUNCHER_LOG_START" \
+    --local "$LOCAL") || true
+  [[ -n $FIRST_STATUS ]]
 }
