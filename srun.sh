@@ -278,7 +278,7 @@ launch_command() {
   fi
   LAUNCH_CMD=(srun --nodes="${#HOSTS[@]}" --ntasks="$WORLD_SIZE" --ntasks-per-node="$SRUNSH_GPUS_PER_NODE")
   [[ -z $CPUS_PER_RANK ]] || LAUNCH_CMD+=(--cpus-per-task="$CPUS_PER_RANK")
-  LAUNCH_CMD+=(--distribution=block --mpi=none --kill-on-bad-exit=1 --job-name="srunsh-$SRUNSH_RUN_ID")
+  LAUNCH_CMD+=(--distribution=block --mpi=none --kill-on-bad-exit="$((!INPROCESS))" --job-name="srunsh-$SRUNSH_RUN_ID")
   # Started from inside a job step (srun ... ./srun.sh, srun --pty bash): share that step's resources.
   [[ -z ${SLURM_STEP_ID:-} ]] || LAUNCH_CMD+=(--overlap)
   if ((USE_CONTAINER)); then
@@ -329,7 +329,13 @@ main() {
   parse_args "$@"
   validate
   resolve_job
+  # In-process restart (launcher/inprocess.py): whether it is on, and the header's line, which names the spare nodes.
+  INPROCESS_PLAN=$(python3 "$REPO_DIR/launcher/inprocess.py" --nodes "${#HOSTS[@]}" \
+    --ranks-per-node "$SRUNSH_GPUS_PER_NODE" --master-port "$MASTER_PORT" -- "${OVERRIDES[@]}") || exit 2
+  read -r INPROCESS INPROCESS_SAYS <<<"$INPROCESS_PLAN"
   export_rank_env
+  export SRUN_SH_INPROCESS=$INPROCESS
+  ((!INPROCESS)) || export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-error} # NVRx's store polls warn every second
   local python_cmd=("$SRUNSH_PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
   ((!HEALTH_ONLY)) || python_cmd=("$SRUNSH_PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
   RANK_CMD=("$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}")
@@ -349,6 +355,7 @@ main() {
     "master $MASTER_ADDR:$MASTER_PORT; each rank runs:" >&2
   quoted "${python_cmd[@]}" >&2
   [[ -z $CONTAINER_START ]] || echo "# srun.sh: $CONTAINER_START" >&2
+  [[ -z $INPROCESS_SAYS ]] || echo "# srun.sh: $INPROCESS_SAYS" >&2
 
   trap_stop_signals
   ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
@@ -359,6 +366,8 @@ main() {
   fi
   if [[ -n $HUNG ]]; then
     status=124 # the hang watch stopped the ranks, and the hang report said why
+  elif ((status && INPROCESS)) && python3 "$REPO_DIR/launcher/inprocess.py" --outcome "$HOST_RUN_DIR"; then
+    status=0 # training completed on the ranks that replaced a failed one, which launcher/inprocess.py named
   elif ((status)) && report_failure; then
     status=$FIRST_STATUS
   fi
