@@ -44,6 +44,7 @@ class Plan:
     world_size: int
     active_world_size: int
     ranks_per_node: int
+    granularity: str = "node"
 
     @property
     def spare_nodes(self) -> int:
@@ -52,9 +53,11 @@ class Plan:
     def header(self) -> str:
         if not self.enabled:
             return ""
-        spares = (
-            f"{self.spare_nodes} spare node(s) of {self.ranks_per_node} rank(s)" if self.spare_nodes else "no spare"
-        )
+        spare_ranks = self.world_size - self.active_world_size
+        if self.granularity == "node" and spare_ranks:
+            spares = f"{self.spare_nodes} spare node(s) of {self.ranks_per_node} rank(s)"
+        else:
+            spares = f"{spare_ranks} spare rank(s)" if spare_ranks else "no spare"
         return (
             f"in-process restart on: {self.active_world_size} of {self.world_size} rank(s) train, {spares};"
             " a failed rank restarts training in every process, and the step ends only when nvidia-resiliency-ext"
@@ -95,7 +98,8 @@ def plan(assignments: list[str], nodes: int, ranks_per_node: int, master_port: i
     world_size = nodes * ranks_per_node
     enabled = flag("enabled", given.get("enabled", "false"))
     active = count("active_world_size", given.get("active_world_size", "null")) or world_size
-    result = Plan(enabled, world_size, active, ranks_per_node)
+    granularity = given.get("granularity", "node")
+    result = Plan(enabled, world_size, active, ranks_per_node, granularity)
     if not enabled:
         return result
     if active > world_size:
@@ -103,7 +107,6 @@ def plan(assignments: list[str], nodes: int, ranks_per_node: int, master_port: i
             f"{SECTION}active_world_size={active} is more than the job's {world_size} rank(s)"
             f" ({nodes} node(s) x {ranks_per_node}): allocate more nodes or lower it"
         )
-    granularity = given.get("granularity", "node")
     if granularity == "node" and (world_size - active) % ranks_per_node:
         raise PlanError(
             f"{SECTION}active_world_size={active} leaves {world_size - active} spare rank(s), not whole nodes of"

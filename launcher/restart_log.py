@@ -3,10 +3,10 @@ how many seconds passed until the next completed training step.
 
 nvidia-resiliency-ext's Wrapper says on its "nvrx" logger what interrupted a restart iteration: the rank whose
 function raised logs `fn_ex: <the exception>`, and every rank then logs `term_ex: RankShouldRestart('Interruption.KIND
-affecting ranks {R, ...}')`. A rank that raised leaves its exception and host in RUN_DIR/restarts/rank-R.txt (the
-run directory is shared by every node); rank 0 (the active rank 0 of the iteration: the Wrapper renumbers the ranks
-through RANK) writes the line once the next step completes, and meanwhile marks the progress record "restarting", so
-that srun.sh's hang watch gives the restart the time it gives a start-up.
+affecting ranks {R, ...}')`. A rank that raised leaves when, its host and its exception in RUN_DIR/restarts/rank-R.txt
+(the run directory is shared by every node); rank 0 (the active rank 0 of the iteration: the Wrapper renumbers the
+ranks through RANK) writes the line once the next step completes, and meanwhile marks the progress record
+"restarting", so that srun.sh's hang watch gives the restart the time it gives a start-up.
 """
 
 import dataclasses
@@ -23,7 +23,8 @@ from launcher import progress
 NVRX_LOGGER = "nvrx"  # nvidia_resiliency_ext.shared_utils.log_manager.LogConfig.name
 RAISED = re.compile(r"\bfn_ex: (?P<error>.+)$")
 INTERRUPTED = re.compile(r"\bterm_ex: RankShouldRestart\('(?P<why>.*?)'\)")
-AFFECTED = re.compile(r"affecting ranks \{(?P<ranks>[0-9, ]*)\}")
+AFFECTED = re.compile(r"Interruption\.(?P<kind>\w+) affecting ranks \{(?P<ranks>[0-9, ]*)\}")
+ERROR_CHARS = 160
 LOG_FILE = "restarts.log"
 
 
@@ -31,14 +32,18 @@ LOG_FILE = "restarts.log"
 class Pending:
     """A restart seen on this rank whose next completed step has not come yet."""
 
-    why: str
-    ranks: list[int]
+    groups: list[tuple[str, list[int]]]  # NVRx's (interruption kind, ranks), the cause first
     at: float  # time.time()
-    monotonic: float
+
+    @property
+    def ranks(self) -> list[int]:
+        return [rank for _, ranks in self.groups for rank in ranks]
 
 
-def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+def rank() -> int | None:
+    """This process's active rank; None for a warm spare, whose RANK the Wrapper sets to "None"."""
+    value = os.environ.get("RANK", "0")
+    return int(value) if value.isdigit() else None
 
 
 class RestartLog(logging.Handler):
@@ -58,12 +63,15 @@ class RestartLog(logging.Handler):
     def leave_own_error(self, error: str) -> None:
         folder = self.run_dir / "restarts"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank-{rank()}.txt").write_text(f"{socket.gethostname()}: {error}\n")
+        (folder / f"rank-{rank()}.txt").write_text(f"{time.time()} {socket.gethostname()}: {error}\n")
 
     def restart_seen(self, why: str) -> None:
-        affected = AFFECTED.search(why)
-        ranks = sorted(int(r) for r in affected["ranks"].split(",") if r.strip()) if affected else []
-        self.pending = Pending(why, ranks, time.time(), time.monotonic())
+        groups = [
+            (m["kind"], sorted(int(r) for r in m["ranks"].split(",") if r.strip())) for m in AFFECTED.finditer(why)
+        ]
+        # A rank that died or stopped answering comes first: the exceptions beside it are its peers' failed collectives.
+        groups.sort(key=lambda group: group[0] == "EXCEPTION")
+        self.pending = Pending(groups, time.time())
         if rank() == 0:
             progress.Recorder(self.run_dir, 0).record(progress.LAST.step or 0, "restarting")
 
@@ -75,30 +83,38 @@ class RestartLog(logging.Handler):
         self.count += 1
         if rank() != 0:
             return None
-        line = describe(self.count, pending, self.errors(pending.ranks), step, time.monotonic() - pending.monotonic)
+        errors = self.errors(pending.ranks)
+        # From the fault: the failed rank's own time of it, where it left one (hosts' clocks agree to NTP's accuracy).
+        pending.at = min([pending.at, *(at for at, _ in errors.values())])
+        causes = {affected: text for affected, (_, text) in errors.items()}
+        line = describe(self.count, pending, causes, step, time.time() - pending.at)
         with (self.run_dir / LOG_FILE).open("a") as log:
             log.write(line + "\n")
         return line
 
-    def errors(self, ranks: list[int]) -> dict[int, str]:
+    def errors(self, ranks: list[int]) -> dict[int, tuple[float, str]]:
+        """When each affected rank that raised did, and 'HOST: ERROR'."""
         found = {}
         for affected in ranks:
             path = self.run_dir / "restarts" / f"rank-{affected}.txt"
             if path.exists():
-                found[affected] = path.read_text().strip()
+                at, _, text = path.read_text().strip().partition(" ")
+                found[affected] = (float(at), text)
                 path.unlink()
         return found
 
 
+def ranks_in(text: str) -> list[int]:
+    return sorted(int(rank) for rank in text.split(",") if rank.strip())
+
+
 def describe(count: int, pending: Pending, errors: dict[int, str], step: int, seconds: float) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(pending.at))
-    ranks = ", ".join(str(r) for r in pending.ranks) or "unknown"
-    kind = pending.why.split(" ")[0].removeprefix("Interruption.")
-    causes = "; ".join(f"rank {r} on {text}" for r, text in errors.items())
-    return (
-        f"restart {count} at {when}: rank(s) {ranks}, {kind}{f' ({causes})' if causes else ''};"
-        f" step {step} completed {seconds:.1f} s later"
-    )
+    parts = []
+    for kind, ranks in pending.groups or [("unknown interruption", [])]:
+        causes = "; ".join(f"rank {r} on {errors[r][:ERROR_CHARS]}" for r in ranks if r in errors)
+        parts.append(f"rank(s) {', '.join(map(str, ranks)) or '?'} {kind}{f' ({causes})' if causes else ''}")
+    return f"restart {count} at {when}: {'; then '.join(parts)}; step {step} completed {seconds:.1f} s later"
 
 
 def install(run_dir: Path) -> RestartLog:

@@ -171,7 +171,7 @@ def test_one_line_per_restart_names_the_rank_its_error_and_the_seconds_to_the_ne
     assert line is not None
     assert line.startswith("restart 1 at ")
     assert line.split(": ", 1)[1].startswith(
-        f"rank(s) 3, EXCEPTION (rank 3 on {host}: RuntimeError('injected fault')); step 101 completed"
+        f"rank(s) 3 EXCEPTION (rank 3 on {host}: RuntimeError('injected fault')); step 101 completed"
     )
     assert (tmp_path / "restarts.log").read_text() == line + "\n"
     assert handler.step_completed(102) is None
@@ -209,7 +209,7 @@ def test_local_rank_that_raises_restarts_in_place_and_the_launch_says_so_once(sr
     assert "# srun.sh: in-process restart on: 2 of 2 rank(s) train, no spare;" in result.stderr
     lines = [line for line in result.stdout.splitlines() if "entrypoint.py: restart" in line]
     assert len(lines) == 1, result.stdout[-3000:]
-    assert "rank(s) 1, EXCEPTION (rank 1 on " in lines[0] and "RuntimeError('injected fault at step 3')" in lines[0]
+    assert "rank(s) 1 EXCEPTION (rank 1 on " in lines[0] and "RuntimeError('injected fault at step 3')" in lines[0]
     run_dir = world.run_dirs()[0]
     assert (run_dir / "restarts.log").read_text() == lines[0].removeprefix("0: entrypoint.py: ") + "\n"
     for rank in (0, 1):  # one process each, which lived through the restart and ended well
@@ -290,3 +290,45 @@ def test_upstream_needs_cuda_to_finalize_a_restart():
 
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         ThreadedFinalize(timeout=datetime.timedelta(seconds=1), fn=lambda: None)(SimpleNamespace(rank=0))
+
+
+# ---- On the two-node test SLURM ---------------------------------------------------------------------------------
+
+TWO_BY_TWO = ("--nodes=2", "--gpus-per-node=2")
+
+
+def test_rank_raising_on_node2_restarts_training_in_place_on_both_nodes(slurm_world: SrunWorld):
+    world = inprocess_world(slurm_world)
+    env = {"FAKE_RAISE": "3@3", "FAKE_STEPS": "5"}
+    result, steps = world.in_allocation("--no-container", "recipe.py", ON, *FAST, salloc=TWO_BY_TWO, env=env)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert steps == 1
+    assert "in-process restart on: 4 of 4 rank(s) train, no spare;" in result.stderr
+    lines = [line for line in result.stdout.splitlines() if "entrypoint.py: restart" in line]
+    assert len(lines) == 1 and "rank(s) 3 EXCEPTION (rank 3 on node2: RuntimeError(" in lines[0], result.stdout
+    run_dir = world.run_dirs()[0]
+    for rank in range(4):  # each rank one process, which lived through the restart
+        assert (run_dir / "logs" / f"rank-{rank}.status").read_text().split()[0] == "0"
+        assert "iteration 1: rank" in (run_dir / "logs" / f"rank-{rank}.log").read_text()
+
+
+def test_rank_killed_on_node1_is_replaced_by_the_spare_on_node2_and_training_completes(slurm_world: SrunWorld):
+    """Rank 0 hosts the stores of Megatron Bridge (MASTER_PORT+1) and NVRx (MASTER_PORT+2): a fault there is never
+    survived, so the rank killed here is rank 1, and its spare is rank 3 (granularity=rank: two nodes cannot have a
+    whole spare node and a surviving rank 0 besides)."""
+    world = inprocess_world(slurm_world)
+    spare = ["inprocess_restart.granularity=rank", "inprocess_restart.active_world_size=3"]
+    env = {"FAKE_KILL": "1@3", "FAKE_STEPS": "5"}
+    result, _ = world.in_allocation("--no-container", "recipe.py", ON, *spare, *FAST, salloc=TWO_BY_TWO, env=env)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "in-process restart on: 3 of 4 rank(s) train, 1 spare rank(s);" in result.stderr
+    run_dir = world.run_dirs()[0]
+    assert result.stderr.splitlines()[-1] == (
+        "srun.sh: training completed after in-process restart; rank(s) 1 on node1 (exit status 137) ended and were"
+        f" replaced ({run_dir}/restarts.log)"
+    )
+    assert "iteration 1: rank 1 of 3 on node2" in (run_dir / "logs" / "rank-3.log").read_text()
+    (line,) = [line for line in result.stdout.splitlines() if "entrypoint.py: restart" in line]
+    assert ": rank(s) 1 TERMINATED" in line, line  # the killed rank first, not the peers whose collectives failed
