@@ -85,6 +85,7 @@ try:
             progress,
             resilience,
             restart_log,
+            straggler,
         )
         from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 except ImportError as error:
@@ -186,6 +187,7 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
     hang_dumps.install(run_dir, rank)  # answers srun.sh's hang report: stacks and flight recorder
     callbacks = CallbackManager()
     progress.register(callbacks, run_dir, rank)  # the step record srun.sh's hang watch reads
+    straggler.install(cfg.nvrx_straggler, run_dir)  # scores to RUN_DIR/stragglers.log, a straggler named on the console
     if resilience.restart_enabled(cfg):
         restart_log.register(callbacks, run_dir)  # a line per in-process restart
     else:

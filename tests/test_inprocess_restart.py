@@ -332,3 +332,38 @@ def test_rank_killed_on_node1_is_replaced_by_the_spare_on_node2_and_training_com
     assert "iteration 1: rank 1 of 3 on node2" in (run_dir / "logs" / "rank-3.log").read_text()
     (line,) = [line for line in result.stdout.splitlines() if "entrypoint.py: restart" in line]
     assert ": rank(s) 1 TERMINATED" in line, line  # the killed rank first, not the peers whose collectives failed
+
+
+# ---- Straggler detection: Megatron Bridge's own manager, fed a real nvidia-resiliency-ext report ----------------
+
+
+def test_a_straggler_is_named_with_rank_and_host_and_every_score_goes_to_the_run_log(tmp_path, capsys):
+    import inspect
+
+    import nvidia_resiliency_ext.attribution.straggler as nvrx_straggler
+    from megatron.bridge.training.config import NVRxStragglerDetectionConfig
+    from megatron.bridge.training.nvrx_straggler import NVRxStragglerDetectionManager
+
+    from launcher import straggler
+
+    config = NVRxStragglerDetectionConfig(enabled=True, stop_if_detected=True)
+    straggler.install(config, tmp_path)
+    hosts = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    individual = {0: 0.99, 1: 0.98, 2: 0.97, 3: 0.45}  # rank 3's GPU slowed down against its own history
+    relative = {0: 1.0, 1: 0.98, 2: 0.97, 3: 0.9}
+    report = nvrx_straggler.Report(relative, {}, individual, {}, hosts, {}, {}, 0.1, True, 0)
+    manager = NVRxStragglerDetectionManager(config)
+    try:
+        assert manager._handle_straggler_report(report)
+        assert straggler.STOPPING in inspect.getsource(NVRxStragglerDetectionManager.check_stragglers)
+        manager.logger.error(straggler.STOPPING)
+    finally:
+        logging.getLogger(config.logger_name).handlers.clear()
+
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("entrypoint.py:")]
+    assert lines == [
+        f"entrypoint.py: straggler (individual score below threshold): rank 3 on node2 ({tmp_path}/stragglers.log)",
+        "entrypoint.py: training stops (nvrx_straggler.stop_if_detected=true): straggler(s) rank 3 on node2",
+    ]
+    log = (tmp_path / "stragglers.log").read_text()
+    assert "Rank=3 Node=node2 Score=0.45" in log and "Rank=0 Node=node1 Score=1.00" in log
