@@ -93,6 +93,11 @@ CHANGES = {
         note="NCCL's efficiency CTA policy and high-priority NCCL streams (2 GPUs or more)",
     ),
     "bf16": Change(recipe=LLAMA_BF16, note="the BF16 recipe, llama3_8b_h200_pretrain.py"),
+    # A report every 30 s, so that the counted steps include the report's gather (the default is every 300 s).
+    "straggler": Change(
+        ("nvrx_straggler.enabled=true", "nvrx_straggler.report_time_interval=30"),
+        note="NVRx straggler detection (its CUDA-event timing of every step, a report every 30 s)",
+    ),
 }
 
 
@@ -135,6 +140,9 @@ PLANS = {
         ),
         **BESIDE_A_REFERENCE,
         note="more micro-batches per step, BF16, the allocator, cuDNN norms, TE graphs",
+    ),
+    "llama8b-straggler": Plan(
+        LLAMA_FP8, (("ours", "straggler"),), **BESIDE_A_REFERENCE, note="the step time with straggler detection on"
     ),
     "llama8b-solo": Plan(
         LLAMA_FP8, (("ours",),), layers=16, sequences_per_gpu=8, rounds=1, turn_steps=8, note="16 layers, alone"
