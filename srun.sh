@@ -26,7 +26,8 @@
 #   -h, --help      this text
 #
 # Each rank's output reaches the console labelled "RANK: " and RUN_DIR/logs/rank-RANK.log. When a rank fails, the
-# others get SIGTERM, and srun.sh names the rank that failed first and exits with its status. SIGINT or SIGTERM to
+# others get SIGTERM, and srun.sh names the rank that failed first and exits with its status; with the override
+# inprocess_restart.enabled=true, training restarts in every process instead (docs/failures.md). SIGINT or SIGTERM to
 # srun.sh sends SIGTERM to every rank, after it wrote RUN_DIR/hang-report.txt: where every rank is (its Python stacks,
 # torch's flight recorder), and which ranks are not in the collective the others wait in.
 set -euo pipefail
