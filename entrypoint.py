@@ -73,7 +73,20 @@ try:
         from megatron.bridge.training.pretrain import pretrain
 
         import viztracer_plugin
-        from launcher import checks, data, failure_exit, hang_dumps, nsys, outputs, overrides, precision, progress
+        from launcher import (
+            checks,
+            data,
+            failure_exit,
+            hang_dumps,
+            nsys,
+            outputs,
+            overrides,
+            precision,
+            progress,
+            resilience,
+            restart_log,
+            straggler,
+        )
         from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
 except ImportError as error:
     report(missing_stack(error))
@@ -139,11 +152,13 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     parsed = overrides.parse(args.assignments)
     kwargs, config_overrides = overrides.split_for_configure(recipe.configure, parsed)
     cfg = build_config(recipe, kwargs)
+    resilience.add_sections(cfg, config_overrides)  # inprocess_restart.enabled=true where the recipe left it None
     outputs.place_outputs(cfg, outputs.run_dir(args.recipe))
     config_overrides, preset = precision.choose_preset(cfg, config_overrides)
     applied = {**kwargs, **preset, **overrides.apply(cfg, config_overrides)}
     outputs.load_own_checkpoints(cfg)
-    checks.check_config(cfg, world_size(args))
+    checks.check_config(cfg, resilience.training_world_size(cfg, world_size(args)))
+    resilience.check_config(cfg, world_size(args))
     data.check_data(cfg)
     return cfg, applied
 
@@ -170,9 +185,13 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
     hang_dumps.install(run_dir, rank)  # answers srun.sh's hang report: stacks and flight recorder
-    failure_exit.install()  # the rank exits even when Megatron Bridge's clean-up after an error hangs
     callbacks = CallbackManager()
     progress.register(callbacks, run_dir, rank)  # the step record srun.sh's hang watch reads
+    straggler.install(cfg.nvrx_straggler, run_dir)  # scores to RUN_DIR/stragglers.log, a straggler named on the console
+    if resilience.restart_enabled(cfg):
+        restart_log.register(callbacks, run_dir)  # a line per in-process restart
+    else:
+        failure_exit.install()  # the rank exits even when Megatron Bridge's clean-up after an error hangs
     pretrain(cfg, forward_step_func=forward_step, callbacks=callbacks)
     viztracer_plugin.exit_traced_process(0)
 

@@ -26,7 +26,8 @@
 #   -h, --help      this text
 #
 # Each rank's output reaches the console labelled "RANK: " and RUN_DIR/logs/rank-RANK.log. When a rank fails, the
-# others get SIGTERM, and srun.sh names the rank that failed first and exits with its status. SIGINT or SIGTERM to
+# others get SIGTERM, and srun.sh names the rank that failed first and exits with its status; with the override
+# inprocess_restart.enabled=true, training restarts in every process instead (docs/failures.md). SIGINT or SIGTERM to
 # srun.sh sends SIGTERM to every rank, after it wrote RUN_DIR/hang-report.txt: where every rank is (its Python stacks,
 # torch's flight recorder), and which ranks are not in the collective the others wait in.
 set -euo pipefail
@@ -140,20 +141,10 @@ parse_args() {
 
 # The parts of srun.sh, one file each: the rank side (--rank-exec), the launch's supervision (signals), batch jobs
 # (--sbatch), the run directory (its id and lock), the health check, the hang report and the shared container.
-# shellcheck source=launcher/rank.sh
-source "$REPO_DIR/launcher/rank.sh"
-# shellcheck source=launcher/supervise.sh
-source "$REPO_DIR/launcher/supervise.sh"
-# shellcheck source=launcher/sbatch.sh
-source "$REPO_DIR/launcher/sbatch.sh"
-# shellcheck source=launcher/run_dir.sh
-source "$REPO_DIR/launcher/run_dir.sh"
-# shellcheck source=launcher/health.sh
-source "$REPO_DIR/launcher/health.sh"
-# shellcheck source=launcher/hang.sh
-source "$REPO_DIR/launcher/hang.sh"
-# shellcheck source=launcher/container.sh
-source "$REPO_DIR/launcher/container.sh"
+for part in rank supervise sbatch run_dir health hang container; do
+  # shellcheck source=/dev/null  # each part is linted on its own (make lint)
+  source "$REPO_DIR/launcher/$part.sh"
+done
 
 # Job facts every rank shares: the run, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
 resolve_job() {
@@ -177,7 +168,8 @@ resolve_job() {
   [[ -n $MASTER_PORT ]] || MASTER_PORT=$(run_port) # launcher/run_dir.sh
   WORLD_SIZE=$((${#HOSTS[@]} * SRUNSH_GPUS_PER_NODE))
   local IFS=,
-  NODE_LIST=${HOSTS[*]} # for the health check and the hang report
+  # shellcheck disable=SC2034  # NODE_LIST: read by the health check and the hang report
+  NODE_LIST=${HOSTS[*]}
 }
 
 # What every rank inherits; a value the user already set wins. README's "Network environment" says why each EFA-era
@@ -210,7 +202,7 @@ launch_command() {
   fi
   LAUNCH_CMD=(srun --nodes="${#HOSTS[@]}" --ntasks="$WORLD_SIZE" --ntasks-per-node="$SRUNSH_GPUS_PER_NODE")
   [[ -z $CPUS_PER_RANK ]] || LAUNCH_CMD+=(--cpus-per-task="$CPUS_PER_RANK")
-  LAUNCH_CMD+=(--distribution=block --mpi=none --kill-on-bad-exit=1 --job-name="srunsh-$SRUNSH_RUN_ID")
+  LAUNCH_CMD+=(--distribution=block --mpi=none --kill-on-bad-exit="$((!INPROCESS))" --job-name="srunsh-$SRUNSH_RUN_ID")
   # Started from inside a job step (srun ... ./srun.sh, srun --pty bash): share that step's resources.
   [[ -z ${SLURM_STEP_ID:-} ]] || LAUNCH_CMD+=(--overlap)
   if ((USE_CONTAINER)); then
@@ -261,7 +253,12 @@ main() {
   esac
   parse_args "$@"
   resolve_job
+  # In-process restart (launcher/inprocess.py): whether it is on, and the header's line, which names the spare nodes.
+  read -r INPROCESS INPROCESS_SAYS < <(python3 "$REPO_DIR/launcher/inprocess.py" --nodes "${#HOSTS[@]}" \
+    --ranks-per-node "$SRUNSH_GPUS_PER_NODE" --master-port "$MASTER_PORT" -- "${OVERRIDES[@]}") || exit 2
   export_rank_env
+  export SRUN_SH_INPROCESS=$INPROCESS
+  ((!INPROCESS)) || export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-error} # NVRx's store polls warn every second
   local python_cmd=("$SRUNSH_PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
   ((!HEALTH_ONLY)) || python_cmd=("$SRUNSH_PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
   plan_container_start # launcher/container.sh: HEALTH=1's two steps share one container
@@ -280,6 +277,7 @@ main() {
     "master $MASTER_ADDR:$MASTER_PORT; each rank runs:" >&2
   quoted "${python_cmd[@]}" >&2
   [[ -z $CONTAINER_START ]] || echo "# srun.sh: $CONTAINER_START" >&2
+  [[ -z $INPROCESS_SAYS ]] || echo "# srun.sh: $INPROCESS_SAYS" >&2
 
   trap_stop_signals
   ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
@@ -288,6 +286,8 @@ main() {
   [[ -z $STOPPED_BY ]] || exit $((128 + $(kill -l "$STOPPED_BY")))
   if [[ -n $HUNG ]]; then
     status=124 # the hang watch stopped the ranks, and the hang report said why
+  elif ((status && INPROCESS)) && python3 "$REPO_DIR/launcher/inprocess.py" --outcome "$HOST_RUN_DIR"; then
+    status=0 # training completed on the ranks that replaced a failed one, which launcher/inprocess.py named
   elif ((status)) && report_failure; then
     status=$FIRST_STATUS
   fi

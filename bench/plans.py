@@ -25,8 +25,14 @@ NOTES = {
     "ours": "the shipped recipe, launched by `srun.sh --local`",
     "upstream": "the same, launched by `torchrun bench/upstream_pretrain.py`",
     "seed": "the shipped recipe with another seed: run-to-run noise",
+    "straggler": "the shipped recipe with NVRx straggler detection on (CUDA-event timing of every step)",
 }
-SEED = "rng.seed=4321"  # the seed arm's one change
+# Each arm's one change from "ours". The straggler arm reports every 30 s (the default is every 300 s), so that the
+# counted steps include the report's gather.
+CHANGES = {
+    "seed": ("rng.seed=4321",),
+    "straggler": ("nvrx_straggler.enabled=true", "nvrx_straggler.report_time_interval=30"),
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,15 @@ PLANS = {
         turn_steps=3,
         note="ours against upstream, and the run-to-run noise",
     ),
+    "llama8b-straggler": Plan(
+        LLAMA_FP8,
+        (("ours", "straggler"),),
+        layers=4,
+        sequences_per_gpu=8,
+        rounds=6,
+        turn_steps=3,
+        note="the step time with straggler detection on",
+    ),
 }
 
 
@@ -67,8 +82,8 @@ def train_iters(plan: Plan, settle: int) -> int:
 def arm_overrides(plan: Plan, name: str, gpus: int, iterations: int) -> tuple[str, ...]:
     shape = (f"model.num_layers={plan.layers}",) if plan.layers else ()
     batch = (f"train.global_batch_size={plan.sequences_per_gpu * gpus}",) if plan.sequences_per_gpu else ()
-    seed = (SEED,) if name == "seed" else ()
-    return (*launches.MEASURED, *STOPPABLE, f"train.train_iters={iterations}", *shape, *batch, *seed)
+    change = CHANGES.get(name, ())
+    return (*launches.MEASURED, *STOPPABLE, f"train.train_iters={iterations}", *shape, *batch, *change)
 
 
 def tokens_per_step(plan: Plan, gpus: int) -> int:

@@ -42,7 +42,7 @@ class StallClock:
         self.longest_gap = 0.0
 
     def limit(self) -> float:
-        if self.last is None:
+        if self.last is None or self.last.get("phase") == "restarting":  # an in-process restart starts up again
             return max(START_LIMIT_S, self.fixed_s or 0.0)
         if self.fixed_s is not None:
             return self.fixed_s

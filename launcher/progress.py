@@ -6,7 +6,8 @@ rewritten (write, then rename) after every step:
     {"step": 42, "phase": "training", "time": 1796117746.2}
 
 `phase` is "training" after a training or evaluation step, "saving" when a checkpoint save follows the step (a save
-may take minutes without a step; the watch waits for the next record instead), "ended" once training is over.
+may take minutes without a step; the watch waits for the next record instead), "ended" once training is over,
+"restarting" while an in-process restart starts training again (launcher/restart_log.py).
 Every rank also keeps its last step, when it completed and the longest step so far in memory (LAST), which its
 hang-report answer includes: with them the report tells a stop of a progressing job from a stall, on the rank's own
 clock.
@@ -49,7 +50,7 @@ class Recorder:
 
     def record(self, step: int, phase: str = "training") -> None:
         now = time.monotonic()
-        if LAST.phase == "training" and LAST.monotonic is not None:
+        if LAST.phase == "training" and phase != "restarting" and LAST.monotonic is not None:
             LAST.longest_step_s = max(LAST.longest_step_s or 0.0, now - LAST.monotonic)
         LAST.step, LAST.time, LAST.phase, LAST.monotonic = step, time.time(), phase, now
         if self.path is None:

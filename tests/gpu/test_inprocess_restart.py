@@ -1,0 +1,109 @@
+"""In-process restart and straggler detection on real GPUs (issue 36), through `srun.sh --local`, with the tiny recipe
+and a fault from tests/gpu/faulty_tiny_gpt_pretrain.py. Each records, through `record`: seconds from the fault to the
+next completed step, and the steps lost (the fault's step minus the step training went on from).
+
+    (a) a RuntimeError in rank 0's training step, in-process restart on: training goes on in the same process;
+    (b) SIGKILL of rank 1 with a spare rank (granularity=rank, active_world_size=2 of 3): needs 3 GPUs; one H200
+        cannot give it, since a rank that survives must be another process, rank 0 hosts the stores of Megatron
+        Bridge (MASTER_PORT+1) and NVRx (MASTER_PORT+2), and a spare needs a GPU of its own;
+    (c) the same RuntimeError today: the launch fails, and the same SRUNSH_RUN_ID resumes from the last checkpoint;
+    (d) straggler detection: a second process loads the GPU from a step on; the detector must name the rank
+        (individual score).
+
+    pytest tests/gpu/test_inprocess_restart.py -m gpu          (on a GPU host, from the checkout, with the stack)
+"""
+
+import re
+import time
+
+import pytest
+import torch
+
+from tests.gpu.conftest import REPO
+
+pytestmark = pytest.mark.gpu
+
+RECIPE = str(REPO / "tests" / "gpu" / "faulty_tiny_gpt_pretrain.py")
+ITERS, FAULT_AT, SAVE_EVERY = 40, 17, 5
+COMMON = (
+    f"train.train_iters={ITERS}",
+    "validation.eval_interval=1000",
+    "model.gradient_accumulation_fusion=false",
+    f"checkpoint.save_interval={SAVE_EVERY}",
+    f"fault_at_step={FAULT_AT}",
+)
+RESTART = ("inprocess_restart.enabled=true", "inprocess_restart.granularity=rank")
+RESTART_LINE = re.compile(r"entrypoint\.py: restart 1 at .*; step (?P<step>\d+) completed (?P<s>[0-9.]+) s later")
+RESUMED = re.compile(r"iteration\s+(?P<step>\d+)/")
+
+
+def test_a_raise_restarts_in_place_and_training_completes(launch, record):
+    run = launch(RECIPE, *COMMON, *RESTART, "fault=raise", "fault_rank=0", gpus=1)
+    restart = RESTART_LINE.search(run.log)
+    record(
+        run,
+        case="a: raise, in-process",
+        seconds_to_next_step=restart and float(restart["s"]),
+        steps_lost=restart and FAULT_AT - int(restart["step"]) + 1,
+    )
+
+    assert run.returncode == 0, run.log[-4000:]
+    assert restart is not None, run.log[-4000:]
+    assert max(run.losses) == ITERS
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="a killed rank with a spare needs 3 GPUs (docstring)")
+def test_a_killed_rank_is_replaced_by_the_spare_and_training_completes(launch, record):
+    spare = ("inprocess_restart.active_world_size=2",)
+    run = launch(RECIPE, *COMMON, *RESTART, *spare, "fault=kill", "fault_rank=1", gpus=3)
+    restart = RESTART_LINE.search(run.log)
+    record(
+        run,
+        case="b: SIGKILL, spare",
+        seconds_to_next_step=restart and float(restart["s"]),
+        steps_lost=restart and FAULT_AT - int(restart["step"]) + 1,
+    )
+
+    assert run.returncode == 0, run.log[-4000:]
+    assert "training completed after in-process restart; rank(s) 1 on" in run.log
+
+
+def test_today_a_raise_stops_the_launch_and_the_resume_goes_on_from_the_checkpoint(launch, record):
+    run_id = f"inprocess-today-{int(time.time())}"
+    env = {"SRUNSH_RUN_ID": run_id}
+    failed = launch(RECIPE, *COMMON, "fault=raise", "fault_rank=0", gpus=1, env=env)
+    resumed = launch(RECIPE, *COMMON, "fault_at_step=0", gpus=1, env=env)
+    first = min(resumed.losses) if resumed.losses else None
+    record(
+        resumed,
+        case="c: raise, stop and resume",
+        seconds_to_next_step=(failed.wall_s - (failed.first_step_s or 0)) + (resumed.first_step_s or 0),
+        steps_lost=first and FAULT_AT - first + 1,
+    )
+
+    assert failed.returncode == 1, failed.log[-4000:]
+    assert resumed.returncode == 0, resumed.log[-4000:]
+    assert first == (FAULT_AT - 1) // SAVE_EVERY * SAVE_EVERY + 1
+
+
+def test_a_gpu_loaded_by_a_second_process_is_named_by_the_straggler_detector(launch, record):
+    detect = ("nvrx_straggler.enabled=true", "nvrx_straggler.report_time_interval=5")
+    run = launch(
+        RECIPE,
+        "train.train_iters=3000",
+        "validation.eval_interval=100000",
+        "checkpoint.save=null",
+        "model.gradient_accumulation_fusion=false",
+        *detect,
+        "fault=load",
+        "fault_rank=0",
+        "fault_at_step=500",
+        gpus=1,
+        timeout=900,
+    )
+    named = re.search(r"entrypoint\.py: straggler \(individual score below threshold\): rank 0 on \S+", run.log)
+    record(run, case="d: straggler", named=named and named.group(0))
+
+    assert run.returncode == 0, run.log[-4000:]
+    assert named is not None, run.log[-4000:]
+    assert (run.run_dir / "stragglers.log").read_text().count("GPU individual performance") >= 2
