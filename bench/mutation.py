@@ -30,6 +30,7 @@ TESTS = {
     "launcher/hang_report.py": ["tests/test_hang_report.py"],
     "launcher/health_report.py": ["tests/test_health_report.py"],
     "launcher/data.py": ["tests/test_data.py"],
+    "launcher/splits.py": ["tests/test_splits.py"],
     "launcher/checks.py": [
         "tests/test_checks.py",
         "tests/test_entrypoint.py::test_cuda_graphs_without_the_te_rng_tracker_are_refused_before_any_rank_builds_a_model",
