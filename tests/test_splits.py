@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
 from megatron.bridge.training.config import GPTDatasetConfig
+from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.utils import Split
 
 from launcher import splits
@@ -300,4 +301,31 @@ def test_a_refused_blend_names_each_datasets_documents_once():
         f"{said} (dataset.split=9999,8,2: a (12 documents) gets 12 train, 0 valid, 0 test; b (30 documents) gets 30"
         " train, 0 valid, 0 test): pass dataset.split=80,10,10: a gets 10 train, 1 valid, 1 test; b gets 24 train,"
         " 3 valid, 3 test"
+    )
+
+
+def test_a_dataset_config_without_gpts_fields_is_counted_with_gpt_datasets_defaults():
+    """megatron-core's own BlendedMegatronDatasetConfig has neither data_path (Bridge's) nor the GPT fields: its
+    blend is read, and a part's samples are counted as GPTDatasetConfig's defaults count them (an extra token per
+    sample, the partial last validation sequence dropped)."""
+    config = BlendedMegatronDatasetConfig(random_seed=1, sequence_length=8, blend=(["a"], None), split="90,5,5")
+    assert splits.run_blends(config) == ((["a"], None), None)
+    assert splits.one_epoch_samples(splits.Part("a", Split.train, 2, 16, None), config) == 1  # 15 // 8
+    assert splits.one_epoch_samples(splits.Part("a", Split.valid, 2, 16, None), config) == 1  # not ceil(15 / 8)
+
+
+def test_the_sequence_length_the_user_set_counts_before_bridge_copies_it_at_finalize(cfg):
+    """dataset.seq_length=8 on the recipe's config leaves megatron-core's sequence_length at the recipe's 1024 until
+    Megatron Bridge finalizes the config: 9 tokens make one sample of 8 + 1."""
+    assert cfg.dataset.sequence_length != 8
+    cfg.dataset.blend, cfg.dataset.split = (["a", "b"], None), "100,0,0"
+    splits.check_splits(cfg, {"a": numpy.array([9]), "b": numpy.array([9])})
+
+
+def test_an_unweighted_blend_with_a_dataset_of_less_than_one_sample_is_refused(cfg):
+    cfg.dataset.blend, cfg.dataset.split = (["a", "b"], None), "100,0,0"
+    with pytest.raises(UsageError) as refused:
+        splits.check_splits(cfg, {"a": numpy.full(20, 100), "b": numpy.array([4, 4])})
+    assert str(refused.value).startswith(
+        "the train split of b (2 documents, 8 tokens) holds less than one sample (dataset.seq_length+1=9 tokens)"
     )
