@@ -53,6 +53,12 @@ def no_container(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("SRUN_SH_MOUNT", raising=False)
 
 
+def refusal(call, *args) -> str:
+    with pytest.raises(UsageError) as refused:
+        call(*args)
+    return str(refused.value)
+
+
 # ---- what the run reads --------------------------------------------------------------------------------------------
 
 
@@ -109,8 +115,10 @@ def test_the_vocabulary_is_the_tokenizers_own_size(cfg):
 
 def test_the_null_tokenizer_is_refused_for_real_data(cfg):
     cfg.tokenizer.tokenizer_type = "NullTokenizer"
-    with pytest.raises(UsageError, match=r"^the run reads real data but has Megatron.s NullTokenizer, which only mock"):
-        data.tokenizer_vocab_size(cfg)
+    assert refusal(data.tokenizer_vocab_size, cfg) == (
+        "the run reads real data but has Megatron's NullTokenizer, which only mock data can use: pass"
+        " tokenizer_path=DIR, the tokenizer the data was prepared with (tools/prepare_data.py --tokenizer DIR)"
+    )
 
 
 def test_a_tokenizer_folder_not_there_is_named_with_where_it_is_looked_for(cfg, tmp_path, monkeypatch):
@@ -128,8 +136,14 @@ def test_a_tokenizer_folder_not_there_is_named_with_where_it_is_looked_for(cfg, 
 def test_a_folder_that_holds_no_tokenizer_is_refused_with_the_loaders_reason(cfg, tmp_path):
     (tmp_path / "tokenizer.json").write_text("not json")
     cfg.tokenizer.tokenizer_model = str(tmp_path)
-    with pytest.raises(UsageError, match=f"^tokenizer {tmp_path} cannot be loaded \\(\\w+: .+\\): pass tokenizer_path"):
-        data.tokenizer_vocab_size(cfg)
+    line = refusal(data.tokenizer_vocab_size, cfg)
+    assert line.startswith(  # the reason in Megatron Bridge's words
+        f"tokenizer {tmp_path} cannot be loaded (ValueError: Unable to instantiate HuggingFace AutoTokenizer for"
+        f" {tmp_path}. Exception: "
+    )
+    assert line.endswith(
+        "): pass tokenizer_path=DIR, a Hugging Face tokenizer folder (the one tools/prepare_data.py read)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -143,8 +157,9 @@ def test_a_model_vocabulary_below_the_tokenizers_is_refused(cfg, model_vocab, us
         return
     with pytest.raises(UsageError) as error:
         data.tokenizer_vocab_size(cfg)
-    assert str(error.value).startswith(
+    assert str(error.value) == (
         f"model.vocab_size=399 is smaller than the 400 tokens of tokenizer {cfg.tokenizer.tokenizer_model}:"
+        " the model cannot embed every token id; use the model's own tokenizer or a larger model.vocab_size"
     )
 
 
@@ -201,8 +216,10 @@ def test_a_missing_dataset_outside_the_container_says_so_first(tmp_path, monkeyp
 def test_an_index_megatron_core_cannot_read_is_refused(tmp_path):
     prefix = write(tmp_path / "web", [[1, 2, 3]])
     Path(f"{prefix}.idx").write_bytes(b"MMIDIDX\x00\x00 and then not an index")
-    with pytest.raises(UsageError, match=f"^{prefix}.idx is not an index megatron-core can read \\(\\w+: "):
-        data.check_dataset(prefix, VOCAB, "tok")
+    assert refusal(data.check_dataset, prefix, VOCAB, "tok") == (  # the reason in megatron-core's words
+        f"{prefix}.idx is not an index megatron-core can read (AssertionError: bad version, cannot read:"
+        f" {prefix}.idx): prepare {prefix} again with tools/prepare_data.py"
+    )
 
 
 def test_an_index_that_describes_other_bytes_is_refused_with_both_sizes(tmp_path):
@@ -262,6 +279,10 @@ def test_the_first_id_beyond_the_tokenizer_is_named_with_its_sequence(tmp_path):
         " prepared with another tokenizer; prepare it again with tools/prepare_data.py --tokenizer tok, or pass the"
         " tokenizer it was prepared with"
     )
+
+
+def test_the_first_and_the_last_id_of_the_tokenizer_pass(tmp_path):
+    data.check_dataset(write(tmp_path / "web", [[0, 399], [399, 0]]), VOCAB, "tok")
 
 
 def test_a_negative_id_is_outside_the_tokenizer(tmp_path):
@@ -329,8 +350,11 @@ def test_each_dataset_is_checked_once_and_object_storage_is_left_to_megatron_cor
     data.check_data(cfg)
     bad = write(tmp_path / "bad", [[1, 2, VOCAB]])
     cfg.dataset.blend = ([good, bad], None)
-    with pytest.raises(UsageError, match=f"^data path {bad} holds token id 400"):
-        data.check_data(cfg)
+    assert refusal(data.check_data, cfg).startswith(
+        f"data path {bad} holds token id 400 (in sequence 0), outside the 400 tokens of tokenizer"
+        f" {cfg.tokenizer.tokenizer_model}: it was prepared with another tokenizer; prepare it again with"
+        f" tools/prepare_data.py --tokenizer {cfg.tokenizer.tokenizer_model}, or pass"
+    )
 
 
 def test_mock_data_is_not_checked(cfg):
@@ -348,10 +372,10 @@ def test_the_splits_are_judged_with_each_datasets_documents(cfg, tmp_path):
 def test_the_line_a_run_prints_names_each_dataset_its_documents_tokens_and_weight(cfg, tmp_path):
     web = write(tmp_path / "web", [[1, 2, 3], [4, 5], [6]])
     code = write(tmp_path / "code", [[1] * 10], dtype=numpy.int32)
-    cfg.dataset.blend = ([web, code, "s3://bucket/books"], [0.5, 0.25, 0.25])
+    cfg.dataset.blend = ([web, "s3://bucket/books", code], [0.5, 0.25, 0.25])
     assert data.describe(cfg) == (
-        f"data: {web} (weight 0.5, 3 documents, 6 tokens); {code} (weight 0.25, 1 documents, 10 tokens);"
-        f" s3://bucket/books; tokenizer {cfg.tokenizer.tokenizer_model}"
+        f"data: {web} (weight 0.5, 3 documents, 6 tokens); s3://bucket/books; {code} (weight 0.25, 1 documents, 10"
+        f" tokens); tokenizer {cfg.tokenizer.tokenizer_model}"
     )
     cfg.dataset.blend = ([web], None)
     assert data.describe(cfg) == f"data: {web} (3 documents, 6 tokens); tokenizer {cfg.tokenizer.tokenizer_model}"
