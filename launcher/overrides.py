@@ -230,7 +230,8 @@ SCALARS: dict[Any, Callable[[Any], bool]] = {
     float: lambda value: isinstance(value, (int, float)) and not isinstance(value, bool),
     str: lambda value: isinstance(value, str),
     Path: lambda value: isinstance(value, str),
-    torch.dtype: lambda value: value in DTYPE_MAP,  # the names Megatron Bridge's omegaconf_utils makes dtypes of
+    # The names Megatron Bridge's omegaconf_utils makes dtypes of (a list or a dict would not hash).
+    torch.dtype: lambda value: isinstance(value, str) and value in DTYPE_MAP,
 }
 
 
