@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = {
     "launcher/hang_report.py": ["tests/test_hang_report.py"],
     "launcher/health_report.py": ["tests/test_health_report.py"],
-    "launcher/data.py": ["tests/test_data.py"],
+    "launcher/data.py": ["tests/test_data_check.py"],
+    "launcher/splits.py": ["tests/test_splits.py"],
     "launcher/checks.py": [
         "tests/test_checks.py",
         "tests/test_entrypoint.py::test_cuda_graphs_without_the_te_rng_tracker_are_refused_before_any_rank_builds_a_model",
@@ -38,7 +39,7 @@ TESTS = {
         "tests/test_entrypoint.py::test_moe_expert_parallel_must_divide_the_ranks",
         "tests/test_entrypoint.py::test_megatron_fsdp_job_is_checked_with_the_connections_its_ranks_get",
     ],
-    "launcher/overrides.py": ["tests/test_entrypoint.py"],
+    "launcher/overrides.py": ["tests/test_overrides.py"],
 }
 # Not copied: the environment, build and run outputs, earlier mutants.
 SKIP = shutil.ignore_patterns(

@@ -25,6 +25,7 @@ from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.utils import omegaconf_utils
 from megatron.bridge.utils.activation_map import DTYPE_MAP
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from launcher.errors import UsageError, first_line
 
@@ -200,7 +201,13 @@ def field_annotation(cfg: ConfigContainer, key: str) -> Any:
 def check_value(cfg: ConfigContainer, tree: DictConfig, override: Override) -> None:
     parts = override.key_or_group.split(".")
     annotation = field_annotation(cfg, override.key_or_group)
-    value = selected(tree, override.key_or_group)
+    try:
+        value = selected(tree, override.key_or_group)
+    except InterpolationResolutionError as error:
+        raise UsageError(
+            f"{override.input_line!r} cannot be resolved ({first_line(error)}): give a value, or ${{KEY}} of a key"
+            " the config has"
+        ) from None
     if annotation is not None and not matches_type(value, annotation):
         raise UsageError(
             f"{override.key_or_group}={override.get_value_string()} has the wrong type: "
@@ -223,7 +230,8 @@ SCALARS: dict[Any, Callable[[Any], bool]] = {
     float: lambda value: isinstance(value, (int, float)) and not isinstance(value, bool),
     str: lambda value: isinstance(value, str),
     Path: lambda value: isinstance(value, str),
-    torch.dtype: lambda value: value in DTYPE_MAP,  # the names Megatron Bridge's omegaconf_utils makes dtypes of
+    # The names Megatron Bridge's omegaconf_utils makes dtypes of (a list or a dict would not hash).
+    torch.dtype: lambda value: isinstance(value, str) and value in DTYPE_MAP,
 }
 
 
@@ -259,4 +267,6 @@ def matches_type(value: Any, annotation: Any) -> bool:
 def type_name(annotation: Any) -> str:
     if annotation is torch.dtype or torch.dtype in typing.get_args(annotation):
         return "a dtype: " + ", ".join(sorted(name for name in DTYPE_MAP if not name.startswith("torch.")))
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+    # A class by its name; anything else as written (Optional[int], list[str], Literal['a', 'b']), whose __name__
+    # would drop what is inside the brackets.
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")

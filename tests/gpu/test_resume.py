@@ -6,9 +6,13 @@ must equal those of a run that was never stopped, with DDP and with Megatron FSD
 goes to `srun.sh --local`, which passes it to every rank the same way.
 """
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,53 +41,130 @@ STOP_AFTER = 8  # SIGTERM once this iteration is logged: the next iteration boun
 LOSS_TOLERANCE = 5e-4
 
 
-def launch(workdir: Path, switch: str, run_id: str, stop_after: int | None = None) -> tuple[int, str]:
-    """srun.sh --local on one GPU; with stop_after, SIGTERM to srun.sh once that iteration is logged."""
+@dataclasses.dataclass
+class Launch:
+    """One srun.sh --local launch: its status and console, its run directory, and, when it was stopped, what the rank
+    left behind after the signal."""
+
+    status: int
+    log: str
+    run_dir: Path
+    exit_after_signal_s: float | None  # srun.sh's exit, counted from the SIGTERM the test sent it
+
+    def saved_iterations(self) -> list[int]:
+        """The iterations of the checkpoints in the run directory (Megatron's iter_NNNNNNN folders)."""
+        return sorted(int(path.name.removeprefix("iter_")) for path in (self.run_dir / "checkpoints").glob("iter_*"))
+
+    def rank_status(self) -> str | None:
+        """launcher/rank.sh's record of how rank 0 ended; None when its shell was killed too (torchrun's SIGKILL to
+        the rank's process group, 30 s after its SIGTERM)."""
+        status = self.run_dir / "logs" / "rank-0.status"
+        return status.read_text().strip() if status.exists() else None
+
+    def rank_log_after_signal(self) -> list[str]:
+        log = self.run_dir / "logs" / "rank-0.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        said = [i for i, line in enumerate(lines) if "initiating graceful stop" in line]
+        return lines[said[0] :] if said else []
+
+
+def launch(workdir: Path, switch: str, run_id: str, stop: Callable[[str, subprocess.Popen], None] | None = None):
+    """srun.sh --local on one GPU; `stop(line, process)` sees each line of its output."""
+    output_root = workdir / "outputs"
     env = {
         **os.environ,
         "SRUNSH_GPUS_PER_NODE": "1",
         "SRUNSH_RUN_ID": run_id,
-        "SRUNSH_OUTPUT_ROOT": str(workdir / "outputs"),
+        "SRUNSH_OUTPUT_ROOT": str(output_root),
     }
     command = [str(REPO / "srun.sh"), "--local", TINY, switch, *COMMON]
-    signalled: list[int] = []
+    signalled: list[float] = []
 
-    def stop(line: str, process: subprocess.Popen) -> None:
-        logged = megatron_log.ITERATION.search(line)
-        if stop_after is not None and logged and int(logged.group(1)) >= stop_after and not signalled:
-            signalled.append(int(logged.group(1)))
-            process.send_signal(signal.SIGTERM)
+    def on_line(line: str, process: subprocess.Popen) -> None:
+        if stop is not None and not signalled and stop(line, process):
+            signalled.append(time.monotonic())
 
-    finished = run_with_time_limit(command, cwd=workdir, env=env, timeout_s=540, on_line=stop)
+    finished = run_with_time_limit(command, cwd=workdir, env=env, timeout_s=540, on_line=on_line)
     log = "".join(finished.lines)
     (workdir / f"{run_id}.log").write_text(log)
-    return finished.returncode, log
+    after = round(finished.ended - signalled[0], 1) if signalled else None
+    return Launch(finished.returncode, log, output_root / "tiny_gpt_pretrain" / run_id, after)
+
+
+def sigterm_to_srun_sh_after(iteration: int) -> Callable[[str, subprocess.Popen], bool]:
+    """SIGTERM to srun.sh once `iteration` is logged, as a batch job's time limit or a user's kill sends it."""
+
+    def stop(line: str, process: subprocess.Popen) -> bool:
+        logged = megatron_log.ITERATION.search(line)
+        if logged and int(logged.group(1)) >= iteration:
+            process.send_signal(signal.SIGTERM)
+            return True
+        return False
+
+    return stop
+
+
+def stop_evidence(stopped: Launch) -> dict[str, object]:
+    """What the stopped run left: the checkpoints, how the rank ended, and the rank's own lines after the signal."""
+    return {
+        "saved_iterations": stopped.saved_iterations(),
+        "srun_sh_exit_after_signal_s": stopped.exit_after_signal_s,
+        "rank_status": stopped.rank_status(),
+        "rank_log_after_signal": stopped.rank_log_after_signal()[-15:],
+    }
 
 
 @pytest.mark.parametrize("switch", ["use_megatron_fsdp=false", "use_megatron_fsdp=true"], ids=["ddp", "fsdp"])
 def test_sigterm_saves_and_the_same_run_id_resumes_with_the_same_losses(record, tmp_path: Path, switch: str):
-    straight_status, straight_log = launch(tmp_path, switch, "straight")
-    stopped_status, stopped_log = launch(tmp_path, switch, "stopped", stop_after=STOP_AFTER)
-    resumed_status, resumed_log = launch(tmp_path, switch, "stopped")
+    straight = launch(tmp_path, switch, "straight")
+    stopped = launch(tmp_path, switch, "stopped", stop=sigterm_to_srun_sh_after(STOP_AFTER))
+    resumed = launch(tmp_path, switch, "stopped")
 
-    straight = megatron_log.parse(straight_log).losses
-    stopped = megatron_log.parse(stopped_log).losses
-    resumed = megatron_log.parse(resumed_log).losses
-    saved_at = max(stopped)
-    differences = {i: abs(resumed[i] - straight[i]) for i in resumed if i in straight}
+    straight_losses = megatron_log.parse(straight.log).losses
+    stopped_losses = megatron_log.parse(stopped.log).losses
+    resumed_losses = megatron_log.parse(resumed.log).losses
+    differences = {i: abs(resumed_losses[i] - straight_losses[i]) for i in resumed_losses if i in straight_losses}
+    evidence = stop_evidence(stopped)
     record(
-        parse_log(Run(resumed_status, resumed_log, 0.0, None, None)),
+        parse_log(Run(resumed.status, resumed.log, 0.0, None, None)),
         switch=switch,
-        saved_at=saved_at,
-        straight_losses=straight,
-        stopped_losses=stopped,
+        last_stopped_step=max(stopped_losses, default=None),
+        straight_losses=straight_losses,
+        stopped_losses=stopped_losses,
         max_abs_difference=max(differences.values(), default=None),
+        **evidence,
     )
-    assert straight_status == 0, straight_log[-3000:]
-    assert stopped_status == 128 + signal.SIGTERM, stopped_log[-3000:]
-    assert "exiting program after receiving SIGTERM" in stopped_log
-    assert resumed_status == 0, resumed_log[-3000:]
-    assert "resuming run stopped" in resumed_log
-    assert sorted(resumed) == list(range(saved_at + 1, ITERS + 1))
-    for iteration in resumed:
-        assert abs(resumed[iteration] - straight[iteration]) <= LOSS_TOLERANCE, (iteration, differences)
+    assert straight.status == 0, straight.log[-3000:]
+    assert stopped.status == 128 + signal.SIGTERM, stopped.log[-3000:]
+    # The save comes at the iteration boundary after the signal: the checkpoint is of the last logged iteration.
+    assert evidence["saved_iterations"] == [max(stopped_losses)], (evidence, stopped.log[-3000:])
+    assert "exiting program after receiving SIGTERM" in stopped.log, (evidence, stopped.log[-3000:])
+    assert resumed.status == 0, resumed.log[-3000:]
+    assert "resuming run stopped" in resumed.log
+    assert sorted(resumed_losses) == list(range(max(stopped_losses) + 1, ITERS + 1)), sorted(resumed_losses)
+    for iteration in resumed_losses:
+        assert abs(resumed_losses[iteration] - straight_losses[iteration]) <= LOSS_TOLERANCE, (iteration, differences)
+
+
+def test_sigterm_straight_to_the_rank_saves_and_exits(record, tmp_path: Path):
+    """The control of the test above, for a diagnosis: the same SIGTERM, sent by the test to the rank's own process
+    (the pid it registered in RUN_DIR/hang/rank-0.json) instead of to srun.sh, so that neither srun.sh's hang report
+    (SIGUSR2, stacks and flight recorder) nor torchrun's SIGTERM to the rank's process group and its SIGKILL 30 s
+    later come first. The rank then ends on its own and srun.sh exits 0. If this saves and the test above does not,
+    srun.sh's stop path is what keeps the rank from saving."""
+    run_dir = tmp_path / "outputs" / "tiny_gpt_pretrain" / "direct"
+
+    def stop(line: str, _process: subprocess.Popen) -> bool:
+        logged = megatron_log.ITERATION.search(line)
+        if not (logged and int(logged.group(1)) >= STOP_AFTER):
+            return False
+        os.kill(json.loads((run_dir / "hang" / "rank-0.json").read_text())["pid"], signal.SIGTERM)
+        return True
+
+    stopped = launch(tmp_path, "use_megatron_fsdp=false", "direct", stop=stop)
+    losses = megatron_log.parse(stopped.log).losses
+    evidence = stop_evidence(stopped)
+    record(parse_log(Run(stopped.status, stopped.log, 0.0, None, None)), last_stopped_step=max(losses), **evidence)
+    assert stopped.status == 0, stopped.log[-3000:]
+    assert evidence["saved_iterations"] == [max(losses)], (evidence, stopped.log[-3000:])
+    assert "exiting program after receiving SIGTERM" in stopped.log, (evidence, stopped.log[-3000:])
