@@ -36,6 +36,12 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+if not __package__:  # run as a script (launcher/hang.sh): the repository, not launcher/, holds the package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from launcher.hang_dumps import process_stat
+from launcher.hang_watch import read_json
+from launcher.health_report import exit_statuses
+
 ANSWER_WAIT_S = 10.0  # the most a report waits for the ranks' answers
 STACKS_GRACE_S = 3.0  # how long a rank whose stacks came may still take to dump its flight recorder
 TOP_FRAMES = 6
@@ -177,13 +183,6 @@ def position(frames: list[str]) -> str:
 # ---- Asking the ranks -------------------------------------------------------------------------------------------
 
 
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def registered_ranks(hang: Path) -> dict[int, dict]:
     found = {}
     for path in hang.glob("rank-*.json"):
@@ -216,7 +215,7 @@ def signal_step(step: str) -> str | None:
 def signal_local(registered: dict[int, dict]) -> str | None:
     """SIGUSR2 to each registered rank that is still the process it registered (pids are reused)."""
     for record in registered.values():
-        if not same_process(record):
+        if live_state(record) is None:
             continue
         try:
             os.kill(int(record["pid"]), signal.SIGUSR2)
@@ -225,30 +224,13 @@ def signal_local(registered: dict[int, dict]) -> str | None:
     return None
 
 
-def process_stat(record: dict) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name, while PID is still the process that registered, else None."""
+def live_state(record: dict) -> str | None:
+    """The state letter of a registered rank's process while its pid is still that process (pids are reused)."""
     try:
-        stat = Path(f"/proc/{record['pid']}/stat").read_text()
+        fields = process_stat(record["pid"])
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields if fields[19] == record.get("start_time") else None
-
-
-def same_process(record: dict) -> bool:
-    return process_stat(record) is not None
-
-
-def ended_ranks(run_dir: Path, world: int) -> dict[int, str]:
-    """The ranks whose end launcher/rank.sh recorded (RUN_DIR/logs/rank-R.status: status, time, host)."""
-    ended = {}
-    for rank in range(world):
-        try:
-            status = (run_dir / "logs" / f"rank-{rank}.status").read_text().split()[0]
-        except (OSError, IndexError):
-            continue
-        ended[rank] = f"it had ended, with exit status {status}"
-    return ended
+    return fields[0] if fields[19] == record.get("start_time") else None
 
 
 def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> None:
@@ -366,19 +348,10 @@ def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
         unstarted = sorted(member for member, state in states.items() if state == "scheduled") if started else []
         found.append(
             Collective(
-                name,
-                desc,
-                sorted(members),
-                seq,
-                ops,
-                sizes,
-                behind,
-                silent,
-                unstarted,
-                gpu_states(known, states),
-                entered_s=max(entered, default=None),
+                name, desc, sorted(members), seq, ops, sizes, behind, silent, unstarted, gpu_states(known, states)
             )
         )
+        found[-1].entered_s = max(entered, default=None)
     return sorted(found, key=lambda c: (not c.outside(), -len(c.waiting()), -len(c.members), c.seq))
 
 
@@ -439,10 +412,8 @@ def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | No
 
 def process_state(record: dict) -> str:
     """What /proc says of a registered rank's process on this host."""
-    fields = process_stat(record)
-    if fields is None:
-        return "its process is gone"
-    return PROCESS_STATES.get(fields[0], f"in state {fields[0]}")
+    state = live_state(record)
+    return "its process is gone" if state is None else PROCESS_STATES.get(state, f"in state {state}")
 
 
 def seen_of(rank: Rank, ranks: dict[int, Rank], here: str) -> str:
@@ -670,7 +641,10 @@ def report_text(
         "",
     ]
     if stop:
-        lines += in_flight_lines(in_flight)
+        lines += [
+            "Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):",
+            *collective_lines(in_flight),
+        ]
     else:
         lines += findings_lines(ranks, found, len(in_flight) - len(found))
     lines += ["", f"Main threads, top {TOP_FRAMES} frames (most recent first):", *frames_by_rank(ranks), ""]
@@ -747,18 +721,17 @@ def silent_lines(ranks: dict[int, Rank]) -> list[str]:
     return [f"Did not answer (seen from {here}):", *(f"  {r.where()}: {seen_of(r, ranks, here)}" for r in silent)]
 
 
-def collective_line(collective: Collective) -> str:
-    entered = "" if collective.entered_s is None else f", entered {collective.entered_s:.1f} s before the request"
-    return f"  {collective.name()}, sizes {collective.sizes or '?'}{entered}"
-
-
-def in_flight_lines(in_flight: list[Collective]) -> list[str]:
-    lines = ["Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):"]
-    for collective in in_flight:
-        lines.append(collective_line(collective))
+def collective_lines(collectives: list[Collective], ranks: dict[int, Rank] | None = None) -> list[str]:
+    """Each collective, what its ranks are in, and (with `ranks`: as evidence) where its members outside it are."""
+    lines = []
+    for collective in collectives:
+        entered = "" if collective.entered_s is None else f", entered {collective.entered_s:.1f} s before the request"
+        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}{entered}")
         for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
             lines.append(f"    in {op}: ranks {ranges(members)}")
-    return lines if in_flight else [*lines, "  none"]
+        for rank in (ranks[n] for n in collective.outside()) if ranks is not None else ():
+            lines.append(f"    not in it: {rank.where()}{rank.last_step()}: {whereabouts(rank, collectives)}")
+    return lines or ["  none"]
 
 
 def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int) -> list[str]:
@@ -773,15 +746,7 @@ def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int)
         lines += [f"  never joined: {rank.where()}: {whereabouts(rank, found)}" for rank in never]
         lines.append("")
     lines.append("Collectives not completed by every member (torch's flight recorder, oldest first per group):")
-    for collective in found:
-        lines.append(collective_line(collective))
-        for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
-            lines.append(f"    in {op}: ranks {ranges(members)}")
-        for number in collective.outside():
-            rank = ranks[number]
-            lines.append(f"    not in it: {rank.where()}{rank.last_step()}: {whereabouts(rank, found)}")
-    if not found:
-        lines.append("  none")
+    lines += collective_lines(found, ranks)
     if recent:
         lines.append(f"  and {recent} entered too recently before the ranks were asked to tell anything")
     return lines
@@ -792,7 +757,10 @@ def collect(args: argparse.Namespace) -> int:
     hang = run_dir / "hang"
     hang.mkdir(parents=True, exist_ok=True)
     registered = registered_ranks(hang)
-    ended = ended_ranks(run_dir, args.world_size)
+    ended = {
+        rank: f"it had ended, with exit status {status}"
+        for rank, status in exit_statuses(run_dir, args.world_size).items()
+    }
     before = stacks_sizes(hang, range(args.world_size))
     forget_earlier_answers(hang)
     asked = time.time()

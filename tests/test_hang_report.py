@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
 
-from launcher import hang_dumps, hang_report, progress
+from launcher import hang_dumps, hang_report, hang_watch, progress
 from launcher.hang_report import Rank
 from launcher.hang_watch import FLOOR_S, START_LIMIT_S, StallClock
 
@@ -388,7 +388,7 @@ def test_hang_watch_keeps_its_limit_for_the_report(tmp_path: Path):
         deadline = time.monotonic() + 30
         while len(limits) < 2:
             assert time.monotonic() < deadline, limits
-            seen = hang_report.read_json(record)
+            seen = hang_watch.read_json(record)
             if seen and seen["limit_s"] not in limits:
                 limits.append(seen["limit_s"])
                 assert started - 1 <= seen["launched"] <= time.time()
