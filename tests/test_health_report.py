@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -425,3 +426,100 @@ def test_retests_low_in_an_order_noise_often_gives_clear_the_node(tmp_path):
     nodes, _ = judged(layout, records, tmp_path=tmp_path)
 
     assert [node.verdict for node in nodes.values()] == ["ok", "ok", "ok"]
+
+
+def launch_writing(tmp_path: Path, records: dict, then: str = "") -> list[str]:
+    """A launch that writes the ranks' records as launcher/health.py does (write, then rename), then runs `then`."""
+    source = tmp_path / "records.json"
+    source.write_text(json.dumps(records))
+    program = (
+        "import json, os, pathlib, sys, time\n"
+        "health = pathlib.Path(sys.argv[1]) / 'health'\n"
+        "for rank, record in json.loads(pathlib.Path(sys.argv[2]).read_text()).items():\n"
+        "    (health / '.tmp').write_text(json.dumps(record))\n"
+        "    os.replace(health / '.tmp', health / f'rank-{rank}.json')\n" + then
+    )
+    return [sys.executable, "-c", program, str(tmp_path), str(source)]
+
+
+def check(tmp_path: Path, layout: Layout, launch: list[str], timeout: float, monkeypatch) -> int:
+    nodes = ",".join(layout.hosts)
+    argv = ["health_report.py", str(tmp_path), "--timeout", str(timeout), "--nodes", nodes, "--ranks-per-node"]
+    monkeypatch.setattr(sys, "argv", [*argv, str(layout.per_node), "--", *launch])
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {signum: signal.getsignal(signum) for signum in stop_signals}
+    try:
+        return health_report.main()
+    finally:  # the check ignores them once it has stopped the launch: this process goes on with the next test
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_a_check_whose_ranks_all_finish_healthy_passes_and_says_so(tmp_path, monkeypatch, capsys):
+    layout = Layout(["a", "b"], 2)
+    records = healthy(layout)
+    (tmp_path / "health").mkdir()
+    (tmp_path / "health" / "rank-9.json").write_text("{}")  # a record of an earlier check: not this one's
+
+    assert check(tmp_path, layout, launch_writing(tmp_path, records), 30.0, monkeypatch) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(
+        r"srun.sh: health check of 2 node\(s\) x 2 rank\(s\) over nccl, \d+\.\d s; bus bandwidth in GB/s at 256 MiB"
+        r" \(pair: the best partner's\)",
+        lines[0],
+    )
+    assert [line.split()[0] for line in lines[1:4]] == ["node", "a", "b"] and lines[3].endswith("OK")
+    assert lines[-1] == f"srun.sh: health check passed on all 2 node(s); {tmp_path / 'health.json'}"
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert (report["passed"], report["outcome"], report["failed_nodes"], report["timeout_s"]) == (
+        True,
+        "finished",
+        [],
+        30.0,
+    )
+    assert report["ranks"]["3"] == records[3] and len(report["ranks"]) == 4
+    assert not (tmp_path / "health" / "rank-9.json").exists()
+    assert (tmp_path / "health" / "failed-nodes").read_text() == ""
+
+
+def test_a_rank_stuck_past_its_deadline_stops_the_launch_and_fails_its_node(tmp_path, monkeypatch, capsys):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    records[1] |= {"part": "gpu", "stage": "running", "group": None, "finished": False}
+    records[0] |= {"part": "node.all_reduce", "stage": "group", "group": [0, 1], "finished": False}
+    launch = launch_writing(tmp_path, records, then="time.sleep(600)\n")
+
+    assert check(tmp_path, layout, launch, 1.0, monkeypatch) == 1
+
+    out = capsys.readouterr().out
+    assert "srun.sh: b: rank 1 never reached node all-reduce: still in the GPU test: exclude it: --exclude=b" in out
+    assert "srun.sh: a: rank 0 waited 1 s in node all-reduce\n" in out  # waiting for b: blocked, not blamed
+    assert out.splitlines()[-1].startswith("srun.sh: health check failed on 1 of 2 node(s): b (salloc/sbatch")
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert (report["passed"], report["outcome"], report["failed_nodes"]) == (False, "deadline", ["b"])
+    assert [node["verdict"] for node in report["nodes"]] == ["blocked", "hang"]
+    assert (tmp_path / "health" / "failed-nodes").read_text() == "b\n"
+
+
+def test_a_launch_that_ends_before_its_ranks_finish_fails_the_check_and_points_at_its_log(
+    tmp_path, monkeypatch, capsys
+):
+    layout = Layout(["a"], 2)
+    records = healthy(layout)
+    records[1] |= {"part": "job.all_reduce", "finished": False}
+
+    assert check(tmp_path, layout, launch_writing(tmp_path, records), 30.0, monkeypatch) == 1
+
+    lines = capsys.readouterr().out.splitlines()
+    log = tmp_path / "logs" / "launcher.log"
+    assert f"srun.sh: the job: the launch ended before every rank finished: see {log}" in lines
+    assert "srun.sh: a: rank 1 did not finish: the check stopped" in lines
+    assert lines[-1] == f"srun.sh: health check failed; {tmp_path / 'health.json'}"
+
+
+def test_the_launch_command_must_come_after_a_double_dash(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["health_report.py", str(tmp_path), "--timeout", "1", "--nodes", "a"])
+    with pytest.raises(SystemExit) as exit_:
+        health_report.main()
+    assert exit_.value.code == 2 and "the launch command comes after --" in capsys.readouterr().err
