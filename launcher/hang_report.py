@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 import pickle
@@ -54,16 +55,8 @@ TEARDOWN_FUNCTIONS = ("destroy_process_group", "_abort_process_group")
 # take a little longer than every one before it (few steps seen yet, a logging or evaluation step).
 STEP_SLACK = 2.0
 # /proc/PID/stat's state letters (proc(5)), as the first line says them for a rank that did not answer.
-PROCESS_STATES = {
-    "R": "running (R)",
-    "S": "sleeping (S)",
-    "D": "in uninterruptible sleep (D)",
-    "T": "stopped (T)",
-    "t": "stopped by a tracer (t)",
-    "Z": "exited, not reaped (Z)",
-    "X": "dead (X)",
-    "I": "idle (I)",
-}
+PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible sleep", "T": "stopped"}
+PROCESS_STATES |= {"t": "stopped by a tracer", "Z": "exited, not reaped", "X": "dead", "I": "idle"}
 
 
 @dataclasses.dataclass
@@ -120,17 +113,9 @@ class Collective:
 
 def ranges(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5'."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    start = previous = None
-    for rank in [*ordered, None]:
-        if rank is not None and previous is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if start is not None:
-            parts.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = rank
-    return ",".join(parts)
+    runs = itertools.groupby(enumerate(sorted(set(ranks))), key=lambda item: item[1] - item[0])  # consecutive: alike
+    bounds = [(run[0][1], run[-1][1]) for run in (list(group) for _, group in runs)]
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in bounds)
 
 
 def thread_stacks(text: str) -> dict[int, list[str]]:
@@ -192,14 +177,11 @@ def registered_ranks(hang: Path) -> dict[int, dict]:
     return found
 
 
-def stacks_sizes(hang: Path, ranks: Iterable[int]) -> dict[int, int]:
-    sizes = {}
-    for rank in ranks:
-        try:
-            sizes[rank] = (hang / f"stacks-rank-{rank}.txt").stat().st_size
-        except OSError:
-            sizes[rank] = 0
-    return sizes
+def stacks_size(hang: Path, rank: int) -> int:
+    try:
+        return (hang / f"stacks-rank-{rank}.txt").stat().st_size
+    except OSError:
+        return 0
 
 
 def forget_earlier_answers(hang: Path) -> None:
@@ -243,7 +225,7 @@ def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> N
             if (hang / f"answer-rank-{rank}.json").exists():
                 pending.discard(rank)
                 continue
-            if stacks_sizes(hang, [rank])[rank] > before.get(rank, 0):
+            if stacks_size(hang, rank) > before.get(rank, 0):
                 stacks_at.setdefault(rank, now)
             if now - stacks_at.get(rank, now) > STACKS_GRACE_S:
                 pending.discard(rank)
@@ -413,7 +395,9 @@ def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | No
 def process_state(record: dict) -> str:
     """What /proc says of a registered rank's process on this host."""
     state = live_state(record)
-    return "its process is gone" if state is None else PROCESS_STATES.get(state, f"in state {state}")
+    if state is None:
+        return "its process is gone"
+    return f"{PROCESS_STATES[state]} ({state})" if state in PROCESS_STATES else f"in state {state}"
 
 
 def seen_of(rank: Rank, ranks: dict[int, Rank], here: str) -> str:
@@ -577,12 +561,13 @@ def findings(ranks: dict[int, Rank], found: list[Collective], head: str) -> list
 
 
 def frames_by_rank(ranks: dict[int, Rank]) -> list[str]:
-    """Ranks with the same top frames together, so that a 4,096-rank job reads in a screen."""
-    alike: dict[tuple[str, ...], list[Rank]] = {}
+    """Ranks with the same top frames (and end, if they had ended) together, so that a 4,096-rank job reads in a
+    screen."""
+    alike: dict[tuple[str, tuple[str, ...]], list[Rank]] = {}
     for rank in ranks.values():
-        alike.setdefault(tuple(short(frame) for frame in rank.frames[:TOP_FRAMES]), []).append(rank)
+        alike.setdefault((rank.ended or "", tuple(short(f) for f in rank.frames[:TOP_FRAMES])), []).append(rank)
     lines = []
-    for frames, group in sorted(alike.items(), key=lambda item: (len(item[1]), item[1][0].rank)):
+    for (_, frames), group in sorted(alike.items(), key=lambda item: (len(item[1]), item[1][0].rank)):
         hosts = sorted({rank.host for rank in group})
         where = (
             group[0].where() + group[0].last_step()
@@ -761,7 +746,7 @@ def collect(args: argparse.Namespace) -> int:
         rank: f"it had ended, with exit status {status}"
         for rank, status in exit_statuses(run_dir, args.world_size).items()
     }
-    before = stacks_sizes(hang, range(args.world_size))
+    before = {rank: stacks_size(hang, rank) for rank in range(args.world_size)}
     forget_earlier_answers(hang)
     asked = time.time()
     failed = signal_step(args.step) if args.step else signal_local(registered)

@@ -482,3 +482,152 @@ def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step
 
     assert seen is not None and seen.step == 30 and record["longest_step_s"] is not None
     assert stop is not None and stop.says.startswith("training was progressing: last step 30") and found == []
+
+
+# A rank as entrypoint.py makes it for the hang report (launcher/hang_dumps.py's handler, launcher/progress.py's last
+# step), whose main thread then waits in a function of its own: step 7 completed SINCE s ago, the longest took 2 s.
+RANK_PROGRAM = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from launcher import hang_dumps, progress
+hang_dumps.install(Path(sys.argv[1]), int(sys.argv[2]))
+progress.LAST.step, progress.LAST.time, progress.LAST.longest_step_s = 7, time.time() - float(sys.argv[3]), 2.0
+def waiting_in_step():
+    print("ready", flush=True)
+    time.sleep(3600)
+waiting_in_step()
+"""
+
+
+@pytest.fixture
+def start_ranks():
+    started: list[subprocess.Popen] = []
+
+    def start(run_dir: Path, ranks: int, since_s: float) -> list[subprocess.Popen]:
+        program = RANK_PROGRAM.format(repo=str(Path(hang_report.__file__).parents[1]))
+        for rank in range(ranks):
+            command = [sys.executable, "-c", program, str(run_dir), str(rank), str(since_s)]
+            started.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+        assert [process.stdout.readline() for process in started] == ["ready\n"] * ranks
+        deadline = time.monotonic() + 30
+        while any(hang_dumps.process_stat(process.pid)[0] != "S" for process in started):  # each in its sleep
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return started
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def hang_report_main(run_dir: Path, world: int, monkeypatch, *flags: str) -> int:
+    argv = [str(run_dir), "--why", "no step for 40 s", "--world-size", str(world), "--nodes", socket.gethostname()]
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", *argv, "--ranks-per-node", str(world), *flags])
+    return hang_report.main()
+
+
+def test_report_of_running_ranks_that_answer_names_where_they_are_and_what_they_did_not_say(
+    tmp_path, start_ranks, monkeypatch, capsys
+):
+    here = socket.gethostname()
+    ranks = start_ranks(tmp_path, 3, since_s=100.0)
+    os.kill(ranks[2].pid, signal.SIGSTOP)  # it can say nothing
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-3.status").write_text(f"1 1796117746 {here}\n")  # ended before the report
+    (tmp_path / "hang" / "answer-rank-0.json").write_text('{"rank": 0, "last_step": 99}')  # an earlier report's
+    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 2.0)
+
+    assert hang_report_main(tmp_path, 4, monkeypatch, "--local") == 0
+
+    report = tmp_path / "hang-report.txt"
+    assert capsys.readouterr().err.splitlines() == [
+        f"srun.sh: hang report (no step for 40 s): 1 rank(s) did not answer: rank 2 on {here} (pid {ranks[2].pid}):"
+        " stopped (T)",
+        "srun.sh:   no rank waits in a collective that another rank is not in; 2 of 4 answered, at step 7",
+        f"srun.sh:   every rank's top frames and torch's analysis: {report}",
+    ]
+    text = report.read_text().splitlines()
+    assert text[0].startswith(f"Hang report of run {tmp_path.name}, 20") and text[0].endswith(" UTC")
+    assert text[1:4] == [
+        "Why: no step for 40 s",
+        "Ranks: 4 on 1 host(s); stacks from 2, answers from 2, flight recorder records from 0",
+        text[3],
+    ]
+    assert re.fullmatch(r"Progress: last step 7, 10\d\.\d s before the ranks were asked; the longest step so far took"
+                        r" 2\.00 s", text[3])  # fmt: skip
+    assert text[4:6] == [
+        "Did not answer (seen from " + here + "):",
+        f"  rank 2 on {here} (pid {ranks[2].pid}): stopped (T)",
+    ]
+    frames = text.index("Main threads, top 6 frames (most recent first):")
+    assert text[frames + 1 : frames + 5] == [
+        f"  rank 2 on {here} (pid {ranks[2].pid}): no stacks",
+        f"  rank 3 on {here}: it had ended, with exit status 1",
+        f"  ranks 0-1 on {here}",
+        "      waiting_in_step (<string>:10)",
+    ]
+    assert text[-3:] == [
+        "  no flight recorder records came",
+        "",
+        f"Records: {tmp_path / 'hang'}/: stacks-rank-R.txt (every thread of rank R), fr/rank-R (flight recorder),"
+        " answer-rank-R.json",
+    ]
+    assert json.loads((tmp_path / "hang" / "answer-rank-0.json").read_text())["last_step"] == 7
+
+
+def test_stop_of_running_ranks_a_moment_after_their_last_step_is_an_ordinary_stop(
+    tmp_path, start_ranks, monkeypatch, capsys
+):
+    start_ranks(tmp_path, 2, since_s=0.5)
+
+    assert hang_report_main(tmp_path, 2, monkeypatch, "--local") == 0
+
+    first, second, _ = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"srun.sh: hang report \(no step for 40 s\): training was progressing: last step 7, 0\.\d\d s"
+                        r" before the stop", first)  # fmt: skip
+    assert second == "srun.sh:   an ordinary stop: 2 of 2 ranks answered; the longest step so far took 2.00 s"
+    text = (tmp_path / "hang-report.txt").read_text()
+    assert (
+        "Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):\n  none\n"
+        in text
+    )
+    assert "torch's analysis:\n  not run: an ordinary stop\n" in text
+
+
+def test_a_stall_of_running_ranks_is_no_ordinary_stop_though_their_last_step_was_recent(
+    tmp_path, start_ranks, monkeypatch, capsys
+):
+    start_ranks(tmp_path, 2, since_s=0.5)
+
+    assert hang_report_main(tmp_path, 2, monkeypatch, "--local", "--stalled") == 0
+
+    assert capsys.readouterr().err.splitlines()[1] == (
+        "srun.sh:   rank 0 on "
+        + socket.gethostname()
+        + f" (pid {hang_report.registered_ranks(tmp_path / 'hang')[0]['pid']}):"
+        " at waiting_in_step (<string>:10)"
+    )
+
+
+def test_a_job_step_is_signalled_through_scancel_and_its_refusal_is_said(tmp_path, monkeypatch, capsys):
+    """A stand-in scancel (the real one needs a controller: tests/test_srun_hang.py) records how it was called."""
+    scancel = tmp_path / "bin" / "scancel"
+    scancel.parent.mkdir()
+    scancel.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/called\necho "scancel: error: Invalid job id 42.0" >&2\nexit 1\n'
+    )
+    scancel.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{scancel.parent}:{os.environ['PATH']}")
+
+    assert hang_report_main(tmp_path, 1, monkeypatch, "--step", "42.0") == 0
+
+    assert (tmp_path / "called").read_text() == "--signal=USR2 42.0\n"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "srun.sh: hang report: could not signal the ranks: scancel: error: Invalid job id 42.0"
+    assert hang_report.signal_step("x") == "scancel: error: Invalid job id 42.0"
+    scancel.write_text("#!/bin/sh\nexit 3\n")
+    assert hang_report.signal_step("x") == "scancel exited 3"
+    scancel.write_text("#!/bin/sh\nexit 0\n")
+    assert hang_report.signal_step("x") is None
