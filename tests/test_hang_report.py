@@ -631,3 +631,123 @@ def test_a_job_step_is_signalled_through_scancel_and_its_refusal_is_said(tmp_pat
     assert hang_report.signal_step("x") == "scancel exited 3"
     scancel.write_text("#!/bin/sh\nexit 0\n")
     assert hang_report.signal_step("x") is None
+
+
+def subgroup_dump(enqueued: int, completed: int, main: tuple[int, int] = (6, 5)) -> dict:
+    """A rank's records of the default group (its collective #6 started on every GPU) and of a subgroup "1" of ranks
+    0-1 (no pg_config of it: torch leaves out groups it did not create on that rank), with a p2p entry beside."""
+    entries = [entry("0", 6, "started"), entry("1", completed + 1, "started", op="nccl:all_gather", pg_id=1)]
+    entries.append(entry("1", 99, "started", op="nccl:send", pg_id=1) | {"is_p2p": True})
+    entries[1]["process_group"] = ("1", "undefined")
+    return dump(entries, {"0": main, "1": (enqueued, completed)})
+
+
+def test_a_group_with_a_member_outside_its_collective_comes_before_a_larger_group_that_every_member_is_in():
+    ranks = ranks_with(
+        {0: subgroup_dump(3, 2), 1: subgroup_dump(2, 2), 2: dump([entry("0", 6, "started")], {"0": (6, 5)})}
+    )
+    ranks |= ranks_with({3: dump([entry("0", 6, "started")], {"0": (6, 5)})})
+
+    found = hang_report.collectives(ranks, 4)
+
+    assert [(c.group, c.seq, c.members, c.outside(), c.gpu_states) for c in found] == [
+        ("1", 3, [0, 1], [1], "started"),
+        ("0", 6, [0, 1, 2, 3], [], "started"),
+    ]
+    assert found[0].name() == "nccl:all_gather #3 of process group 1 (ranks 0-1)" and found[0].sizes == "[[1024]]"
+    assert hang_report.summary(ranks, found, "why", Path("/r/hang-report.txt")) == [
+        "srun.sh: hang report (why): rank 0 waits in nccl:all_gather #3 of process group 1 (ranks 0-1); 1 rank(s) not"
+        " in it",
+        "srun.sh:   not in it: rank 1 on node1 (pid 101): it waits in nccl:all_reduce #6 of process group 0",
+        "srun.sh:   every rank's top frames and torch's analysis: /r/hang-report.txt",
+    ]
+    assert hang_report.findings_lines(ranks, found, 2) == [
+        "Collectives not completed by every member (torch's flight recorder, oldest first per group):",
+        "  nccl:all_gather #3 of process group 1 (ranks 0-1), sizes [[1024]]",
+        "    in nccl:all_gather: ranks 0",
+        "    not in it: rank 1 on node1 (pid 101): it waits in nccl:all_reduce #6 of process group 0",
+        "  nccl:all_reduce #6 of process group 0 (default_pg, ranks 0-3), sizes [[1024]]",
+        "    in nccl:all_reduce: ranks 0-3",
+        "  and 2 entered too recently before the ranks were asked to tell anything",
+    ]
+
+
+def test_a_member_without_records_is_not_in_the_collective_and_the_group_waits_for_it():
+    ranks = ranks_with({0: dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0, 1, 2]")})
+    ranks |= ranks_with({1: dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0, 1, 2]")})
+    ranks[2] = Rank(2, "node2", registered={"pid": 102}, answer={"distributed": True, "last_step": 5})
+
+    (found,) = hang_report.collectives(ranks, 3)
+
+    assert (found.silent, found.behind, found.outside(), found.waiting()) == ([2], [], [2], [0, 1])
+    assert hang_report.summary(ranks, [found], "why", Path("/r"))[:2] == [
+        "srun.sh: hang report (why): ranks 0-1 wait in nccl:all_reduce #2 of process group 0 (default_pg, ranks 0-2);"
+        " 1 rank(s) not in it",
+        "srun.sh:   not in it: rank 2 on node2 (pid 102): no answer",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("timed", "says"),
+    [
+        (True, "srun.sh:   no member's GPU started it: the work queued before it is stuck on every member"),
+        (False, "srun.sh:   suspect the network between node1, node2, or stuck GPUs (see the top frames)"),
+    ],
+)
+def test_a_collective_no_gpu_started_is_work_stuck_before_it_only_where_starts_are_recorded(timed: bool, says: str):
+    earlier = entry("0", 4, "completed") | {"time_discovered_started_ns": 1 if timed else None}
+    queued = dump([earlier, entry("0", 5, "scheduled")], {"0": (5, 4)})
+    ranks = ranks_with({n: queued for n in range(4)})
+
+    found = hang_report.collectives(ranks, 4)
+
+    assert found[0].gpu_states == ("scheduled" if timed else "")
+    assert hang_report.summary(ranks, found, "why", Path("/r"))[:2] == [
+        "srun.sh: hang report (why): every member of nccl:all_reduce #5 of process group 0 (default_pg, ranks 0-3) is"
+        " in it, and none completed it",
+        says,
+    ]
+
+
+def test_a_rank_whose_gpu_never_started_it_is_in_the_not_in_it_line_and_not_among_those_waiting():
+    """Issue 38: that list dropped from the "not in it" line went unnoticed."""
+    started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1, 2]")
+    queued = dump([entry("0", 8, "completed"), entry("0", 9, "scheduled")], {"0": (9, 8)}, ranks="[0, 1, 2]")
+    ranks = ranks_with({0: started, 1: started, 2: queued})
+
+    found = hang_report.collectives(ranks, 3)
+    first, second, _ = hang_report.summary(ranks, found, "why", Path("/r"))
+
+    assert first == (
+        "srun.sh: hang report (why): ranks 0-1 wait in nccl:all_reduce #9 of process group 0 (default_pg, ranks 0-2);"
+        " 1 rank(s) not in it"
+    )
+    assert second == (
+        "srun.sh:   not in it: rank 2 on node2 (pid 102): its GPU never started it (the work queued before it is"
+        " stuck), at x (y.py:1)"
+    )
+
+
+def test_a_hang_at_start_names_the_ranks_that_never_joined_and_those_waiting_for_them():
+    rendezvous = ["_store_based_barrier (/site/torch/distributed/distributed_c10d.py:1)", "main (entrypoint.py:3)"]
+    ranks = {
+        n: Rank(n, "node1", registered={"pid": 100 + n}, answer={"distributed": False}, frames=rendezvous)
+        for n in range(3)
+    }
+    ranks[3] = Rank(3, "node2", registered={"pid": 103}, answer={"distributed": False}, frames=["load (data.py:7)"])
+    ranks[4] = Rank(4, "node2")  # never registered: it had not started entrypoint.py's hang handler
+
+    lines = hang_report.summary(ranks, [], "why", Path("/r"))
+
+    assert lines[:2] == [
+        "srun.sh: hang report (why): hang at start: 2 rank(s) never joined torch.distributed; ranks 0-2 wait for them"
+        " in the rendezvous",
+        "srun.sh:   never joined: rank 3 on node2 (pid 103): at load (data.py:7); rank 4 on node2: no answer: it had"
+        " not started entrypoint.py's hang handler",
+    ]
+    assert hang_report.findings_lines(ranks, [], 0)[:4] == [
+        "Start: not every rank joined torch.distributed (its rendezvous, init_process_group)",
+        "  waiting in the rendezvous: ranks 0-2",
+        "  never joined: rank 3 on node2 (pid 103): at load (data.py:7)",
+        "  never joined: rank 4 on node2: no answer: it had not started entrypoint.py's hang handler",
+    ]
