@@ -523,3 +523,112 @@ def test_the_launch_command_must_come_after_a_double_dash(tmp_path, monkeypatch,
     with pytest.raises(SystemExit) as exit_:
         health_report.main()
     assert exit_.value.code == 2 and "the launch command comes after --" in capsys.readouterr().err
+
+
+def test_parts_are_ordered_and_named_as_docs_health_md_lists_them():
+    """launcher/health.py's order of parts: a rank past a part's deadline waits for those not yet in it."""
+    order = ["start", "gpu", "node.all_reduce", "node.broadcast", "pair.0.all_reduce", "pair.0.broadcast"]
+    order += ["pair.2.all_reduce", "pair.10.broadcast", "retest.0.all_reduce", "retest.0.broadcast"]
+    order += ["retest.11.all_reduce", "job.all_reduce", "job.broadcast"]
+
+    assert sorted(reversed(order), key=health_report.part_order) == order
+    names = [health_report.describe(part) for part in order[:5] + order[7:9] + order[-1:]]
+    assert names == [
+        "the start (torch import, rendezvous)",
+        "the GPU test",
+        "node all-reduce",
+        "node broadcast",
+        "pair round 0 all-reduce",
+        "pair round 10 broadcast",
+        "retest round 0 all-reduce",
+        "job broadcast",
+    ]
+
+
+def test_a_rank_whose_local_gpu_is_not_visible_fails_its_node_and_one_without_a_gpu_test_is_not_judged(tmp_path):
+    layout = Layout(["a", "b"], 2)
+    records = healthy(layout)
+    records[1]["results"]["gpu"] = gpu("GPU-1", device=1) | {"visible": 1}
+    records[2]["results"]["gpu"] = {"applicable": False}  # no CUDA: gloo on the CPU
+    records[3]["results"]["gpu"] = {"applicable": False}
+
+    nodes, job = judged(layout, records, tmp_path=tmp_path)
+
+    assert nodes["a"].verdict == "fail" and nodes["a"].reasons == ["rank 1 sees 1 GPU(s), none for local rank 1"]
+    assert (nodes["b"].verdict, nodes["b"].gpus, nodes["a"].gpus, job) == ("ok", "n/a", "2/2", "")
+    assert "matmul_tflops" not in nodes["b"].figures
+
+
+def test_a_rank_that_reports_an_error_or_exits_badly_fails_its_node_but_a_stopped_one_does_not(tmp_path):
+    layout = Layout(["a", "b", "c"], 1)
+    records = healthy(layout)
+    records[0] |= {"part": "node.broadcast", "error": "RuntimeError: NCCL error", "finished": False}
+    records[1] |= {"part": None, "error": "ImportError: no torch", "finished": False}
+    (tmp_path / "logs").mkdir()
+    for rank, status in {0: "1", 1: "1", 2: "143"}.items():
+        (tmp_path / "logs" / f"rank-{rank}.status").write_text(f"{status} 1796117746 host\n")
+    (tmp_path / "logs" / "rank-3.status").write_text("")  # no such rank of this job, and empty
+
+    nodes, job = judged(layout, records, "exited", tmp_path=tmp_path)
+
+    assert nodes["a"].reasons == ["rank 0: node broadcast: RuntimeError: NCCL error"]
+    assert nodes["b"].reasons == ["rank 1: the start (torch import, rendezvous): ImportError: no torch"]
+    assert (nodes["a"].verdict, nodes["b"].verdict, nodes["c"].verdict, job) == ("fail", "fail", "ok", "")
+    del records[0]["error"], records[1]["error"]
+    records[0]["error"] = records[1]["error"] = None
+    nodes, job = judged(layout, records, "exited", tmp_path=tmp_path)
+    assert nodes["a"].reasons == ["rank 0 exited with status 1"] and nodes["c"].verdict == "ok"
+    assert job == ""  # a node failed: that says why the launch ended
+
+
+def test_a_stopped_check_judges_no_figure_and_says_it_was_stopped(tmp_path):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout, {"b": 100.0})
+    records[1] |= {"part": "job.all_reduce", "finished": False}
+    run = Run(tmp_path, layout, records, "stopped", [], 60.0, 3.0)
+
+    nodes, job = health_report.judge(run)
+
+    assert job == "the check was stopped before it finished"
+    assert [(node.verdict, node.reasons) for node in nodes] == [
+        ("ok", []),
+        ("blocked", ["rank 1 did not finish: the check stopped"]),
+    ]
+    lines = health_report.console(run, nodes, job)
+    assert lines[-2:] == [
+        "srun.sh: the job: the check was stopped before it finished",
+        f"srun.sh: health check failed; {tmp_path / 'health.json'}",
+    ]
+
+
+def test_the_console_gives_the_job_figures_and_numbers_in_three_digits(tmp_path):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    for rank, record in records.items():
+        record["results"]["job.all_reduce"] = collective([0, 1], 123.4 + rank)
+        record["results"]["job.broadcast"] = collective([0, 1], 0.04567)
+        record["results"]["start"]["backend"] = "gloo" if rank else "nccl"
+    run = Run(tmp_path, layout, records, "finished", [], 60.0, 3.04)
+    nodes, job = health_report.judge(run)
+
+    lines = health_report.console(run, nodes, job)
+
+    assert lines[0].startswith("srun.sh: health check of 2 node(s) x 1 rank(s) over gloo, nccl, 3.0 s;")
+    assert "job (2 ranks): all-reduce 123 GB/s, broadcast 0.0457 GB/s" in lines
+    assert [health_report.number(v) for v in (None, 99.94, 100.0, 4.3)] == ["n/a", "99.9", "100", "4.3"]
+    assert health_report.job_figures(records) == {"all_reduce": 123.4, "broadcast": 0.04567}
+
+
+def test_a_worse_verdict_wins_and_every_reason_is_kept():
+    node = health_report.Node("a", [0])
+    for verdict in ["suspect", "slow", "blocked", "ok", "hang", "fail"]:
+        node.fail(verdict, verdict)
+
+    assert (node.verdict, node.reasons, node.failed) == (
+        "hang",
+        ["suspect", "slow", "blocked", "ok", "hang", "fail"],
+        True,
+    )
+    assert [health_report.Node("b", [], verdict=v).failed for v in ("ok", "suspect", "blocked", "slow", "fail")] == [
+        False, False, False, True, True
+    ]  # fmt: skip
