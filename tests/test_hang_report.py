@@ -5,6 +5,7 @@ driving the step record.
 
 import json
 import os
+import pickle
 import re
 import signal
 import socket
@@ -751,3 +752,56 @@ def test_a_hang_at_start_names_the_ranks_that_never_joined_and_those_waiting_for
         "  never joined: rank 3 on node2 (pid 103): at load (data.py:7)",
         "  never joined: rank 4 on node2: no answer: it had not started entrypoint.py's hang handler",
     ]
+
+
+def test_gather_reads_each_ranks_records_written_since_the_request(tmp_path: Path):
+    hang = tmp_path / "hang"
+    (hang / "fr").mkdir(parents=True)
+    record = dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0, 1, 2]")
+    (hang / "fr" / "rank-0").write_bytes(pickle.dumps(record))
+    (hang / "fr" / "rank-1").write_bytes(b"not a pickle")
+    for rank in range(2):
+        registered = {"rank": rank, "host": f"n{rank}", "pid": 10 + rank, "start_time": "1", "main_thread": 16}
+        (hang / f"rank-{rank}.json").write_text(json.dumps(registered))
+        (hang / f"answer-rank-{rank}.json").write_text(json.dumps({"flight_recorder": f"rank-{rank}", "last_step": 4}))
+    earlier = 'Thread 0x0000000000000010 (most recent call first):\n  File "old.py", line 1 in before\n'
+    now = 'Thread 0x0000000000000010 (most recent call first):\n  File "/x/train.py", line 9 in step\n'
+    (hang / "stacks-rank-0.txt").write_text(earlier + now)
+
+    ranks = hang_report.gather(tmp_path, 4, ["h0", "h1", "h2"], {0: len(earlier)}, {2: "it had ended"})
+
+    assert [(r.host, r.frames, r.ended) for r in ranks.values()] == [
+        ("n0", ["step (/x/train.py:9)"], None),
+        ("n1", [], None),
+        ("h2", [], "it had ended"),
+        ("?", [], None),
+    ]
+    assert ranks[0].dump == record and ranks[1].dump is None and ranks[0].answer["last_step"] == 4
+    assert ranks[2].registered is None and ranks[2].answer is None
+    assert hang_report.registered_ranks(hang)[1]["pid"] == 11
+
+
+def test_torchs_analysis_is_run_on_nccls_records_and_its_output_kept(tmp_path: Path, monkeypatch):
+    """torchfrtrace itself takes 15-20 s to start here (tests/gpu runs it on real records); a stand-in interpreter
+    stands for it, to show how its output and exit status reach the report."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/called\nfor i in $(seq 1 70); do echo "line $i"; done\nexit 3\n'
+    )
+    stand_in.chmod(0o755)
+    nccl = ranks_with({0: dump([entry("0", 2, "started")], {"0": (2, 1)})})
+    gloo = ranks_with({0: dump([entry("0", 2, "started", op="gloo:all_reduce")], {"0": (2, 1)})})
+    fr = tmp_path / "fr"
+    command = f"torchfrtrace {fr} -p rank- --allow-incomplete-ranks"
+
+    assert hang_report.torch_analysis({0: Rank(0, "h")}, fr) == ["  no flight recorder records came"]
+    assert hang_report.torch_analysis(gloo, fr) == [
+        "  torchfrtrace reads NCCL's records only; these are gloo's (the analysis above reads them)"
+    ]
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    lines = hang_report.torch_analysis(nccl, fr)
+    assert lines == [f"  `{command}` (exit status 3):", *(f"    line {i}" for i in range(11, 71))]
+    called = "-m torch.distributed.flight_recorder.fr_trace " + str(fr) + " -p rank- --allow-incomplete-ranks\n"
+    assert (tmp_path / "called").read_text() == called
+    monkeypatch.setattr(hang_report.importlib.util, "find_spec", lambda name: None)
+    assert hang_report.torch_analysis(nccl, fr) == [f"  {stand_in} has no torch: run `{command}` where torch is"]
