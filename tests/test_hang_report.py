@@ -805,3 +805,63 @@ def test_torchs_analysis_is_run_on_nccls_records_and_its_output_kept(tmp_path: P
     assert (tmp_path / "called").read_text() == called
     monkeypatch.setattr(hang_report.importlib.util, "find_spec", lambda name: None)
     assert hang_report.torch_analysis(nccl, fr) == [f"  {stand_in} has no torch: run `{command}` where torch is"]
+
+
+def test_waiting_for_answers_ends_when_they_came_or_a_ranks_stacks_came_a_grace_ago(tmp_path: Path, monkeypatch):
+    """A rank whose stuck thread holds the GIL writes its stacks (faulthandler needs no GIL) but never its answer."""
+    monkeypatch.setattr(hang_report, "STACKS_GRACE_S", 0.3)
+    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 2.5)
+    (tmp_path / "answer-rank-0.json").write_text("{}")
+    (tmp_path / "stacks-rank-1.txt").write_text("earlier\nnow\n")
+    pending = {0, 1}
+
+    started = time.monotonic()
+    hang_report.wait_for_answers(tmp_path, pending, {1: len("earlier\n")})
+    waited = time.monotonic() - started
+
+    assert pending == set() and 0.3 < waited < 2.0
+    pending = {1}
+    started = time.monotonic()
+    hang_report.wait_for_answers(tmp_path, pending, {1: len("earlier\nnow\n")})  # no new stacks: the whole wait
+    assert pending == {1} and time.monotonic() - started >= 2.5
+
+
+def test_a_rank_that_did_not_answer_heads_the_console_in_a_stop_and_in_a_finding():
+    here = socket.gethostname()
+    answered = Rank(0, "node9", registered={"pid": 1}, answer={"last_step": 3}, frames=["x (y.py:1)"])
+    silent = Rank(1, "node9", registered={"pid": 2, "start_time": "x"})
+    ranks = {0: answered, 1: silent}
+    stop = hang_report.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
+
+    assert hang_report.summary(ranks, [], "why", Path("/r"), stop)[:2] == [
+        "srun.sh: hang report (why): training was progressing: last step 3, 0.50 s before the stop",
+        "srun.sh:   1 rank(s) did not answer: rank 1 on node9 (pid 2): no answer from node node9 (rank 0 on it"
+        " answered)",
+    ]
+    assert hang_report.summary(ranks, [], "why", Path("/r"))[:2] == [
+        "srun.sh: hang report (why): 1 rank(s) did not answer: rank 1 on node9 (pid 2): no answer from node node9"
+        " (rank 0 on it answered)",
+        "srun.sh:   no rank waits in a collective that another rank is not in; 1 of 2 answered, at step 3",
+    ]
+    assert here != "node9"
+
+
+def test_the_console_names_three_ranks_and_counts_the_rest():
+    ranks = {n: Rank(n, f"node{n}", answer={"distributed": False}, frames=[f"f{n} (a.py:{n})"]) for n in range(5)}
+    ranks |= {n: Rank(n, "nodeX", registered={"pid": n, "start_time": "x"}) for n in range(5, 10)}
+    ranks[10] = Rank(10, "nodeY", registered={"pid": 10, "start_time": "x"})
+    ranks[11] = Rank(11, "nodeZ", registered={"pid": 11, "start_time": "x"})
+    ranks[12] = Rank(12, "nodeW", registered={"pid": 12, "start_time": "x"})
+
+    first, second, _ = hang_report.summary(ranks, [], "why", Path("/r"))
+
+    assert first == (
+        "srun.sh: hang report (why): 8 rank(s) did not answer: ranks 5-9 on nodeX: no answer from node nodeX;"
+        " rank 10 on nodeY (pid 10): no answer from node nodeY; rank 11 on nodeZ (pid 11): no answer from node nodeZ;"
+        " and 1 more"
+    )
+    assert second == "srun.sh:   hang at start: 5 rank(s) never joined torch.distributed"
+    assert hang_report.summary({n: ranks[n] for n in range(5)}, [], "why", Path("/r"))[1] == (
+        "srun.sh:   never joined: rank 0 on node0: at f0 (a.py:0); rank 1 on node1: at f1 (a.py:1); rank 2 on node2:"
+        " at f2 (a.py:2); and 2 more"
+    )
