@@ -13,6 +13,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -632,3 +633,38 @@ def test_a_worse_verdict_wins_and_every_reason_is_kept():
     assert [health_report.Node("b", [], verdict=v).failed for v in ("ok", "suspect", "blocked", "slow", "fail")] == [
         False, False, False, True, True
     ]  # fmt: skip
+
+
+def test_a_rank_that_never_wrote_a_record_is_blamed_at_the_start_deadline_of_three_timeouts(
+    tmp_path, monkeypatch, capsys
+):
+    layout = Layout(["a", "b"], 1)
+    records = {0: healthy(layout)[0] | {"part": "start", "stage": "rendezvous", "finished": False, "results": {}}}
+    launch = launch_writing(tmp_path, records, then="time.sleep(600)\n")
+
+    started = time.monotonic()
+    assert check(tmp_path, layout, launch, 0.4, monkeypatch) == 1
+
+    assert time.monotonic() - started >= 1.2
+    out = capsys.readouterr().out.splitlines()
+    never = "rank 1 never reached the start (torch import, rendezvous): no record: it never started"
+    assert f"srun.sh: b: {never}: exclude it: --exclude=b" in out
+    assert "srun.sh: a: rank 0 waited 1.2 s in the start (torch import, rendezvous)" in out
+
+
+def test_a_rank_that_finished_is_not_late_while_another_is_stuck(tmp_path, monkeypatch, capsys):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    records[0] |= {"part": "job.broadcast", "group": [0, 1]}  # done: the others' clocks run
+    records[1] |= {"part": "job.all_reduce", "stage": "running", "group": [0, 1], "finished": False}
+    launch = launch_writing(tmp_path, records, then="time.sleep(600)\n")
+
+    assert check(tmp_path, layout, launch, 0.5, monkeypatch) == 1
+
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert [(node["verdict"], node["reasons"]) for node in report["nodes"]] == [
+        ("ok", []),
+        ("blocked", ["rank 1 did not finish: the check stopped"]),
+    ]
+    assert report["job"]["finding"] == "job all-reduce did not finish within 0.5 s (ranks 0-1): every rank was in it," \
+        " and no node outside it tells which one is at fault"  # fmt: skip
