@@ -668,3 +668,44 @@ def test_a_rank_that_finished_is_not_late_while_another_is_stuck(tmp_path, monke
     ]
     assert report["job"]["finding"] == "job all-reduce did not finish within 0.5 s (ranks 0-1): every rank was in it," \
         " and no node outside it tells which one is at fault"  # fmt: skip
+
+
+def test_a_slow_gpu_and_a_slow_node_carry_the_samples_they_rest_on(four_nodes: Layout, tmp_path):
+    records = healthy(four_nodes, matmul={5: 612.0})
+    records[5]["results"]["gpu"] |= {"matmul_tflops_samples": [611.0, 612.0, 640.0]}
+    for rank in (6, 7):  # node d's all-reduce: rank 7 the slower member, whose samples are the figure's
+        records[rank]["results"]["node.all_reduce"] = collective([6, 7], 300.0 if rank == 7 else 310.0)
+        records[rank]["results"]["node.all_reduce"]["busbw_gb_s_samples"] = [rank * 1.0, 300.0]
+    del records[0]["results"]["gpu"]["matmul_tflops_best"]  # a record without the best sample: its median is it
+
+    nodes, _ = judged(four_nodes, records, tmp_path=tmp_path)
+
+    assert nodes["c"].evidence == [{"figure": "bf16 matmul", "samples": {"rank 5": [611.0, 612.0, 640.0]}}]
+    assert nodes["d"].reasons == ["node all-reduce 300 GB/s is 17% below the median 360"]
+    assert nodes["d"].evidence == [{"figure": "node all-reduce", "samples": {"d": [7.0, 300.0]}}]
+    assert [host for host, node in nodes.items() if node.failed] == ["c", "d"]
+
+
+def test_a_pair_once_low_is_suspect_with_its_figure_named_and_a_retested_one_keeps_its_evidence(tmp_path):
+    layout = Layout(["a", "b", "c"], 1)
+    records = healthy(layout)
+    for rank in (0, 1):
+        records[rank]["results"]["pair.0.broadcast"] |= collective([0, 1], 1.01)
+    for rank in (0, 2):
+        records[rank]["results"]["pair.1.broadcast"] |= collective([0, 2], 0.9)  # 11% below: flagged, not retested
+
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+
+    assert nodes["c"].reasons == [
+        "suspect, not excluded: best pair broadcast 0.9 GB/s is 11% below the median 1.01 in one measurement, not"
+        " retested"
+    ]
+    layout, records = three_nodes_retested(0.0598, CAPPED_BROADCAST, HEALTHY_BROADCAST[:12])
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+    (evidence,) = nodes["c"].evidence
+    own, reference = statistics.median(CAPPED_BROADCAST), statistics.median(HEALTHY_BROADCAST[:12])
+    assert evidence["figure"] == "pair broadcast" and evidence["what"] == "best sample of each retest, in order"
+    assert evidence["below"] == pytest.approx(1 - own / reference)
+    assert evidence["noise_chance"] == pytest.approx(1 / math.comb(24, 12), rel=0.01)
+    assert evidence["samples"]["a c"] == CAPPED_BROADCAST[0::2] and evidence["samples"]["b c"] == CAPPED_BROADCAST[1::2]
+    assert nodes["c"].reasons[0].startswith("pair broadcast with a and b ")
