@@ -709,3 +709,37 @@ def test_a_pair_once_low_is_suspect_with_its_figure_named_and_a_retested_one_kee
     assert evidence["noise_chance"] == pytest.approx(1 / math.comb(24, 12), rel=0.01)
     assert evidence["samples"]["a c"] == CAPPED_BROADCAST[0::2] and evidence["samples"]["b c"] == CAPPED_BROADCAST[1::2]
     assert nodes["c"].reasons[0].startswith("pair broadcast with a and b ")
+
+
+def test_health_json_and_the_table_say_every_figure_and_verdict(four_nodes: Layout, tmp_path):
+    records = healthy(four_nodes, {"c": 300.0})
+    for rank in (4, 5):
+        records[rank]["results"]["node.all_reduce"]["busbw_gb_s_samples"] = [299.0, 300.0, 0.0456]
+    for record in records.values():
+        del record["results"]["start"]  # no start result: no backend to name
+    run = Run(tmp_path, four_nodes, records, "finished", [], 60.0, 31.25)
+    (tmp_path / "health").mkdir()
+    nodes, job = health_report.judge(run)
+
+    assert health_report.write_results(run, nodes, job) is False
+    lines = health_report.console(run, nodes, job)
+
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert {key: report[key] for key in ("passed", "outcome", "seconds", "timeout_s", "failed_nodes")} == {
+        "passed": False, "outcome": "finished", "seconds": 31.2, "timeout_s": 60.0, "failed_nodes": ["c"]
+    }  # fmt: skip
+    assert report["suspect_nodes"] == [] and report["job"] == {"all_reduce": None, "broadcast": None, "finding": None}
+    assert [node["host"] for node in report["nodes"]] == ["a", "b", "c", "d"] and report["nodes"][2][
+        "verdict"
+    ] == "slow"
+    assert (tmp_path / "health.json").read_text().startswith('{\n "passed": false,\n')
+    assert (tmp_path / "health" / "failed-nodes").read_text() == "c\n"
+    assert lines[0].startswith("srun.sh: health check of 4 node(s) x 2 rank(s), 31.2 s; bus bandwidth")  # no backend
+    header, first = lines[1], lines[2]
+    columns = "node ranks GPUs free GiB matmul TF/s HBM TB/s node AR node BC pair AR pair BC verdict"
+    assert header.split() == columns.split()
+    assert first.startswith("a     0-1    2/2   139") and first.endswith("OK")  # left-aligned columns
+    assert "srun.sh: c:   node all-reduce samples: c 299 300 0.0456" in lines
+    assert not any(line.startswith("job (") for line in lines)  # no job figures measured
+    assert health_report.ranges([4, 0, 1, 5]) == "0,1,4,5" and health_report.ranges([3]) == "3"
+    assert health_report.ranges([2, 3]) == "2-3"
