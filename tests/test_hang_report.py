@@ -865,3 +865,39 @@ def test_the_console_names_three_ranks_and_counts_the_rest():
         "srun.sh:   never joined: rank 0 on node0: at f0 (a.py:0); rank 1 on node1: at f1 (a.py:1); rank 2 on node2:"
         " at f2 (a.py:2); and 2 more"
     )
+
+
+def test_process_groups_are_read_by_name_with_their_members_status_and_entries_as_torch_records_them():
+    """torch keys pg_status by the group's id and pg_config by its name; entries name both. A p2p entry shares the
+    sequence number of the collective it precedes, and is no collective."""
+    send = entry("tp", 4, "started", op="nccl:send", pg_id=11) | {"is_p2p": True}
+    gather = entry("tp", 4, "started", op="nccl:all_gather", pg_id=11)
+    other = entry("x", 2, "scheduled", pg_id=13)
+    record = {
+        "pg_config": {"tp": {"ranks": "[2, 3]"}, "gone": {"ranks": "[9]"}},
+        "pg_status": {
+            "11": {"last_enqueued_collective": 4, "last_completed_collective": 3},
+            "12": {"last_enqueued_collective": -1, "last_completed_collective": -1},
+        },
+        "entries": [send, gather, other],
+    }
+
+    assert hang_report.group_records(record) == {
+        "tp": {"desc": "", "members": [2, 3], "enqueued": 4, "completed": 3, "entries": {4: gather}},
+        "x": {"desc": "", "members": None, "enqueued": 0, "completed": 0, "entries": {2: other}},
+        "12": {"desc": "", "members": None, "enqueued": 0, "completed": 0, "entries": {}},
+    }
+    assert hang_report.group_records({"pg_status": record["pg_status"]})["11"]["enqueued"] == 4
+    ranks = ranks_with({2: record})
+    ranks[3] = Rank(3, "node2", registered={"pid": 103})
+
+    (found,) = hang_report.collectives(ranks, 4)
+
+    assert (found.group, found.members, found.seq, found.silent, found.ops) == (
+        "tp",
+        [2, 3],
+        4,
+        [3],
+        {"nccl:all_gather": [2]},
+    )
+    assert found.name() == "nccl:all_gather #4 of process group tp (ranks 2-3)"
