@@ -86,10 +86,14 @@ def register(directory: Path, rank: int) -> None:
     write_json(directory / f"rank-{rank}.json", record)
 
 
+def process_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (proc(5)): [0] the state letter, [19] the start time."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def process_start_time(pid: int) -> str:
     """Field 22 of /proc/PID/stat: with the pid, it names one process for good (pids are reused)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[19]
+    return process_stat(pid)[19]
 
 
 def answer_requests(reader: socket.socket, directory: Path, rank: int, stacks: IO[str]) -> None:

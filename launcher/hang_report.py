@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 import pickle
@@ -35,6 +36,12 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+if not __package__:  # run as a script (launcher/hang.sh): the repository, not launcher/, holds the package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from launcher.hang_dumps import process_stat
+from launcher.hang_watch import read_json
+from launcher.health_report import exit_statuses
 
 ANSWER_WAIT_S = 10.0  # the most a report waits for the ranks' answers
 STACKS_GRACE_S = 3.0  # how long a rank whose stacks came may still take to dump its flight recorder
@@ -48,16 +55,8 @@ TEARDOWN_FUNCTIONS = ("destroy_process_group", "_abort_process_group")
 # take a little longer than every one before it (few steps seen yet, a logging or evaluation step).
 STEP_SLACK = 2.0
 # /proc/PID/stat's state letters (proc(5)), as the first line says them for a rank that did not answer.
-PROCESS_STATES = {
-    "R": "running (R)",
-    "S": "sleeping (S)",
-    "D": "in uninterruptible sleep (D)",
-    "T": "stopped (T)",
-    "t": "stopped by a tracer (t)",
-    "Z": "exited, not reaped (Z)",
-    "X": "dead (X)",
-    "I": "idle (I)",
-}
+PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible sleep", "T": "stopped"}
+PROCESS_STATES |= {"t": "stopped by a tracer", "Z": "exited, not reaped", "X": "dead", "I": "idle"}
 
 
 @dataclasses.dataclass
@@ -114,17 +113,9 @@ class Collective:
 
 def ranges(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5'."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    start = previous = None
-    for rank in [*ordered, None]:
-        if rank is not None and previous is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if start is not None:
-            parts.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = rank
-    return ",".join(parts)
+    runs = itertools.groupby(enumerate(sorted(set(ranks))), key=lambda item: item[1] - item[0])  # consecutive: alike
+    bounds = [(run[0][1], run[-1][1]) for run in (list(group) for _, group in runs)]
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in bounds)
 
 
 def thread_stacks(text: str) -> dict[int, list[str]]:
@@ -177,13 +168,6 @@ def position(frames: list[str]) -> str:
 # ---- Asking the ranks -------------------------------------------------------------------------------------------
 
 
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def registered_ranks(hang: Path) -> dict[int, dict]:
     found = {}
     for path in hang.glob("rank-*.json"):
@@ -193,14 +177,11 @@ def registered_ranks(hang: Path) -> dict[int, dict]:
     return found
 
 
-def stacks_sizes(hang: Path, ranks: Iterable[int]) -> dict[int, int]:
-    sizes = {}
-    for rank in ranks:
-        try:
-            sizes[rank] = (hang / f"stacks-rank-{rank}.txt").stat().st_size
-        except OSError:
-            sizes[rank] = 0
-    return sizes
+def stacks_size(hang: Path, rank: int) -> int:
+    try:
+        return (hang / f"stacks-rank-{rank}.txt").stat().st_size
+    except OSError:
+        return 0
 
 
 def forget_earlier_answers(hang: Path) -> None:
@@ -216,7 +197,7 @@ def signal_step(step: str) -> str | None:
 def signal_local(registered: dict[int, dict]) -> str | None:
     """SIGUSR2 to each registered rank that is still the process it registered (pids are reused)."""
     for record in registered.values():
-        if not same_process(record):
+        if live_state(record) is None:
             continue
         try:
             os.kill(int(record["pid"]), signal.SIGUSR2)
@@ -225,30 +206,13 @@ def signal_local(registered: dict[int, dict]) -> str | None:
     return None
 
 
-def process_stat(record: dict) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name, while PID is still the process that registered, else None."""
+def live_state(record: dict) -> str | None:
+    """The state letter of a registered rank's process while its pid is still that process (pids are reused)."""
     try:
-        stat = Path(f"/proc/{record['pid']}/stat").read_text()
+        fields = process_stat(record["pid"])
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields if fields[19] == record.get("start_time") else None
-
-
-def same_process(record: dict) -> bool:
-    return process_stat(record) is not None
-
-
-def ended_ranks(run_dir: Path, world: int) -> dict[int, str]:
-    """The ranks whose end launcher/rank.sh recorded (RUN_DIR/logs/rank-R.status: status, time, host)."""
-    ended = {}
-    for rank in range(world):
-        try:
-            status = (run_dir / "logs" / f"rank-{rank}.status").read_text().split()[0]
-        except (OSError, IndexError):
-            continue
-        ended[rank] = f"it had ended, with exit status {status}"
-    return ended
+    return fields[0] if fields[19] == record.get("start_time") else None
 
 
 def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> None:
@@ -261,7 +225,7 @@ def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> N
             if (hang / f"answer-rank-{rank}.json").exists():
                 pending.discard(rank)
                 continue
-            if stacks_sizes(hang, [rank])[rank] > before.get(rank, 0):
+            if stacks_size(hang, rank) > before.get(rank, 0):
                 stacks_at.setdefault(rank, now)
             if now - stacks_at.get(rank, now) > STACKS_GRACE_S:
                 pending.discard(rank)
@@ -366,19 +330,10 @@ def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
         unstarted = sorted(member for member, state in states.items() if state == "scheduled") if started else []
         found.append(
             Collective(
-                name,
-                desc,
-                sorted(members),
-                seq,
-                ops,
-                sizes,
-                behind,
-                silent,
-                unstarted,
-                gpu_states(known, states),
-                entered_s=max(entered, default=None),
+                name, desc, sorted(members), seq, ops, sizes, behind, silent, unstarted, gpu_states(known, states)
             )
         )
+        found[-1].entered_s = max(entered, default=None)
     return sorted(found, key=lambda c: (not c.outside(), -len(c.waiting()), -len(c.members), c.seq))
 
 
@@ -439,10 +394,10 @@ def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | No
 
 def process_state(record: dict) -> str:
     """What /proc says of a registered rank's process on this host."""
-    fields = process_stat(record)
-    if fields is None:
+    state = live_state(record)
+    if state is None:
         return "its process is gone"
-    return PROCESS_STATES.get(fields[0], f"in state {fields[0]}")
+    return f"{PROCESS_STATES[state]} ({state})" if state in PROCESS_STATES else f"in state {state}"
 
 
 def seen_of(rank: Rank, ranks: dict[int, Rank], here: str) -> str:
@@ -606,12 +561,13 @@ def findings(ranks: dict[int, Rank], found: list[Collective], head: str) -> list
 
 
 def frames_by_rank(ranks: dict[int, Rank]) -> list[str]:
-    """Ranks with the same top frames together, so that a 4,096-rank job reads in a screen."""
-    alike: dict[tuple[str, ...], list[Rank]] = {}
+    """Ranks with the same top frames (and end, if they had ended) together, so that a 4,096-rank job reads in a
+    screen."""
+    alike: dict[tuple[str, tuple[str, ...]], list[Rank]] = {}
     for rank in ranks.values():
-        alike.setdefault(tuple(short(frame) for frame in rank.frames[:TOP_FRAMES]), []).append(rank)
+        alike.setdefault((rank.ended or "", tuple(short(f) for f in rank.frames[:TOP_FRAMES])), []).append(rank)
     lines = []
-    for frames, group in sorted(alike.items(), key=lambda item: (len(item[1]), item[1][0].rank)):
+    for (_, frames), group in sorted(alike.items(), key=lambda item: (len(item[1]), item[1][0].rank)):
         hosts = sorted({rank.host for rank in group})
         where = (
             group[0].where() + group[0].last_step()
@@ -670,7 +626,10 @@ def report_text(
         "",
     ]
     if stop:
-        lines += in_flight_lines(in_flight)
+        lines += [
+            "Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):",
+            *collective_lines(in_flight),
+        ]
     else:
         lines += findings_lines(ranks, found, len(in_flight) - len(found))
     lines += ["", f"Main threads, top {TOP_FRAMES} frames (most recent first):", *frames_by_rank(ranks), ""]
@@ -747,18 +706,17 @@ def silent_lines(ranks: dict[int, Rank]) -> list[str]:
     return [f"Did not answer (seen from {here}):", *(f"  {r.where()}: {seen_of(r, ranks, here)}" for r in silent)]
 
 
-def collective_line(collective: Collective) -> str:
-    entered = "" if collective.entered_s is None else f", entered {collective.entered_s:.1f} s before the request"
-    return f"  {collective.name()}, sizes {collective.sizes or '?'}{entered}"
-
-
-def in_flight_lines(in_flight: list[Collective]) -> list[str]:
-    lines = ["Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):"]
-    for collective in in_flight:
-        lines.append(collective_line(collective))
+def collective_lines(collectives: list[Collective], ranks: dict[int, Rank] | None = None) -> list[str]:
+    """Each collective, what its ranks are in, and (with `ranks`: as evidence) where its members outside it are."""
+    lines = []
+    for collective in collectives:
+        entered = "" if collective.entered_s is None else f", entered {collective.entered_s:.1f} s before the request"
+        lines.append(f"  {collective.name()}, sizes {collective.sizes or '?'}{entered}")
         for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
             lines.append(f"    in {op}: ranks {ranges(members)}")
-    return lines if in_flight else [*lines, "  none"]
+        for rank in (ranks[n] for n in collective.outside()) if ranks is not None else ():
+            lines.append(f"    not in it: {rank.where()}{rank.last_step()}: {whereabouts(rank, collectives)}")
+    return lines or ["  none"]
 
 
 def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int) -> list[str]:
@@ -773,15 +731,7 @@ def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int)
         lines += [f"  never joined: {rank.where()}: {whereabouts(rank, found)}" for rank in never]
         lines.append("")
     lines.append("Collectives not completed by every member (torch's flight recorder, oldest first per group):")
-    for collective in found:
-        lines.append(collective_line(collective))
-        for op, members in sorted(collective.ops.items(), key=lambda item: -len(item[1])):
-            lines.append(f"    in {op}: ranks {ranges(members)}")
-        for number in collective.outside():
-            rank = ranks[number]
-            lines.append(f"    not in it: {rank.where()}{rank.last_step()}: {whereabouts(rank, found)}")
-    if not found:
-        lines.append("  none")
+    lines += collective_lines(found, ranks)
     if recent:
         lines.append(f"  and {recent} entered too recently before the ranks were asked to tell anything")
     return lines
@@ -792,8 +742,11 @@ def collect(args: argparse.Namespace) -> int:
     hang = run_dir / "hang"
     hang.mkdir(parents=True, exist_ok=True)
     registered = registered_ranks(hang)
-    ended = ended_ranks(run_dir, args.world_size)
-    before = stacks_sizes(hang, range(args.world_size))
+    ended = {
+        rank: f"it had ended, with exit status {status}"
+        for rank, status in exit_statuses(run_dir, args.world_size).items()
+    }
+    before = {rank: stacks_size(hang, rank) for rank in range(args.world_size)}
     forget_earlier_answers(hang)
     asked = time.time()
     failed = signal_step(args.step) if args.step else signal_local(registered)

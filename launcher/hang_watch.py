@@ -76,11 +76,12 @@ class StallClock:
         return f"no training step completed for {since:.0f} s after step {self.last.get('step')} ({limit})"
 
 
-def read_progress(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A record the ranks or the watch write (write, then rename), or None: not written yet, or unreadable."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
-        return None  # not written yet, or replaced while being read: the next poll sees it
+        return None
 
 
 def write_limit(hang: Path, launched: float, limit_s: float) -> None:
@@ -99,7 +100,7 @@ def watch(run_dir: Path, fixed_s: float | None, notify: int) -> int:
         if clock.limit() != written:
             written = clock.limit()
             write_limit(hang, launched, written)
-        why = clock.observe(read_progress(hang / "progress.json"), time.monotonic())
+        why = clock.observe(read_json(hang / "progress.json"), time.monotonic())
         if why is not None:
             hang.mkdir(parents=True, exist_ok=True)
             (hang / "stalled.txt").write_text(why + "\n")

@@ -41,6 +41,7 @@ LINK_FIGURES += (
     ("pair.broadcast", "pair BC", "best pair broadcast"),
 )
 STOPPED_STATUSES = {"130", "137", "143"}
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 START_FACTOR = 3  # the start (container, python, torch import, rendezvous) may take this many deadlines
 
 
@@ -201,11 +202,16 @@ def describe(part: str) -> str:
     return {"start": "the start (torch import, rendezvous)", "gpu": "the GPU test"}.get(part, " ".join(words))
 
 
+def part_results(records: dict[int, dict], ranks: list[int], part: str) -> list[dict]:
+    """The results of a collective part on every member of the group that the first of `ranks` in it was in."""
+    group = next((records[r]["results"][part]["ranks"] for r in ranks if part in records[r]["results"]), [])
+    return [records[rank]["results"][part] for rank in group if part in records.get(rank, {}).get("results", {})]
+
+
 def link_figures(records: dict[int, dict], ranks: list[int], part: str) -> tuple[float | None, float | None]:
     """A collective part's bus bandwidth at its largest size, as its group got it: a collective takes as long as its
     slowest member (a broadcast's root is done early), so the slowest member's median, and its best sample."""
-    group = next((records[r]["results"][part]["ranks"] for r in ranks if part in records[r]["results"]), [])
-    results = [records[rank]["results"][part] for rank in group if part in records.get(rank, {}).get("results", {})]
+    results = part_results(records, ranks, part)
     if not results:
         return None, None
     medians = [largest(result["busbw_gb_s"]) for result in results]
@@ -215,8 +221,7 @@ def link_figures(records: dict[int, dict], ranks: list[int], part: str) -> tuple
 
 def link_samples(records: dict[int, dict], ranks: list[int], part: str) -> list[float]:
     """The samples at the largest size of a collective part's slowest member (whose median is the figure)."""
-    group = next((records[r]["results"][part]["ranks"] for r in ranks if part in records[r]["results"]), [])
-    results = [records[rank]["results"][part] for rank in group if part in records.get(rank, {}).get("results", {})]
+    results = part_results(records, ranks, part)
     slowest = min(results, key=lambda result: largest(result["busbw_gb_s"]) or 0.0, default={})
     return slowest.get("busbw_gb_s_samples", [])
 
@@ -268,37 +273,36 @@ def outlier(value: float, values: list[float], spreads: list[float]) -> float | 
     return below if below > max(1 - OUTLIER, statistics.median(spreads)) else None
 
 
+def outliers(measured: dict) -> dict:
+    """{who: (how far below, the median)} of the figures {who: (median sample, best sample)} that are outliers."""
+    if len(measured) < 2:
+        return {}
+    medians, spreads = [v for v, _ in measured.values()], [spread(*figures) for figures in measured.values()]
+    found = {who: outlier(value, medians, spreads) for who, (value, _) in measured.items()}
+    return {who: (below, statistics.median(medians)) for who, below in found.items() if below is not None}
+
+
 def flag_outliers(nodes: list[Node], records: dict[int, dict]) -> None:
     """Every figure more than 10% below the job's median: per GPU among all GPUs, per node among the nodes."""
     gpus = {rank: record["results"].get("gpu") or {} for rank, record in records.items()}
     for key, _, name in GPU_FIGURES:
         values = {rank: (gpu[key], gpu.get(f"{key}_best", gpu[key])) for rank, gpu in gpus.items() if key in gpu}
-        if len(values) < 2:
-            continue
-        medians, spreads = [v for v, _ in values.values()], [spread(*figures) for figures in values.values()]
+        slow = outliers(values)
         for node in nodes:
-            for rank in node.ranks:
-                below = outlier(values[rank][0], medians, spreads) if rank in values else None
-                if below is not None:
-                    value, middle = values[rank][0], statistics.median(medians)
-                    node.fail("slow", f"rank {rank}: {name} {value:.3g} is {below:.0%} below the median {middle:.3g}")
-                    node.evidence.append(
-                        {"figure": name, "samples": {f"rank {rank}": gpus[rank].get(f"{key}_samples")}}
-                    )
+            for rank in (rank for rank in node.ranks if rank in slow):
+                (below, middle), value = slow[rank], values[rank][0]
+                node.fail("slow", f"rank {rank}: {name} {value:.3g} is {below:.0%} below the median {middle:.3g}")
+                node.evidence.append({"figure": name, "samples": {f"rank {rank}": gpus[rank].get(f"{key}_samples")}})
     for key, _, name in LINK_FIGURES[:2]:  # the node figures; the pairs' are judge_links'
         measured = {
             node.host: (node.figures[key], node.best[key]) for node in nodes if node.figures.get(key) is not None
         }
-        if len(measured) < 2:
-            continue
-        medians, spreads = [v for v, _ in measured.values()], [spread(*figures) for figures in measured.values()]
-        for node in nodes:
-            below = outlier(measured[node.host][0], medians, spreads) if node.host in measured else None
-            if below is not None:
-                value, middle = measured[node.host][0], statistics.median(medians)
-                node.fail("slow", f"{name} {value:.3g} GB/s is {below:.0%} below the median {middle:.3g}")
-                samples = {node.host: link_samples(records, [r for r in node.ranks if r in records], key)}
-                node.evidence.append({"figure": name, "samples": samples})
+        slow = outliers(measured)
+        for node in (node for node in nodes if node.host in slow):
+            (below, middle), value = slow[node.host], measured[node.host][0]
+            node.fail("slow", f"{name} {value:.3g} GB/s is {below:.0%} below the median {middle:.3g}")
+            samples = {node.host: link_samples(records, [r for r in node.ranks if r in records], key)}
+            node.evidence.append({"figure": name, "samples": samples})
     judge_links(nodes, records)
 
 
@@ -467,18 +471,10 @@ def number(value: float | None) -> str:
 
 
 def table(nodes: list[Node]) -> list[str]:
-    header = [
-        "node",
-        "ranks",
-        "GPUs",
-        *(label for _, label, _ in GPU_FIGURES),
-        *(label for _, label, _ in LINK_FIGURES),
-    ]
-    rows = [[*header, "verdict"]]
+    rows = [["node", "ranks", "GPUs", *(label for _, label, _ in GPU_FIGURES + LINK_FIGURES), "verdict"]]
     for node in nodes:
-        gpu = [number(node.figures.get(key)) for key, _, _ in GPU_FIGURES]
-        links = [number(node.figures.get(key)) for key, _, _ in LINK_FIGURES]
-        rows.append([node.host, ranges(node.ranks), node.gpus, *gpu, *links, node.verdict.upper()])
+        figures = [number(node.figures.get(key)) for key, _, _ in GPU_FIGURES + LINK_FIGURES]
+        rows.append([node.host, ranges(node.ranks), node.gpus, *figures, node.verdict.upper()])
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return ["  ".join(row[column].ljust(widths[column]) for column in range(len(row))).rstrip() for row in rows]
 
@@ -560,8 +556,8 @@ def check(args: argparse.Namespace) -> int:
     shutil.rmtree(health, ignore_errors=True)
     health.mkdir(parents=True)
     layout = Layout(args.nodes.split(","), args.ranks_per_node)
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        signal.signal(signal.Signals[name], on_stop)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_stop)
     started = time.monotonic()
     process = subprocess.Popen(args.launch)
     outcome, late = "stopped", []
@@ -570,15 +566,13 @@ def check(args: argparse.Namespace) -> int:
     except StopRequestedError:
         pass  # outcome stays "stopped"
     finally:
-        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-            signal.signal(signal.Signals[name], signal.SIG_IGN)  # the stop below must not be cut short
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)  # the stop below must not be cut short
         stop(process, finishing=outcome == "finished")
     seconds = time.monotonic() - started
     run = Run(args.run_dir, layout, read_records(health, layout.world), outcome, late, args.timeout, seconds)
     nodes, job = judge(run)
-    print(
-        "\n".join(console(run, nodes, job)), flush=True
-    )  # stdout: the check's result, as a launch's is the ranks' output
+    print("\n".join(console(run, nodes, job)), flush=True)  # stdout: the result, as a launch's is the ranks' output
     return 0 if write_results(run, nodes, job) else 1
 
 

@@ -5,6 +5,7 @@ driving the step record.
 
 import json
 import os
+import pickle
 import re
 import signal
 import socket
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
 
-from launcher import hang_dumps, hang_report, progress
+from launcher import hang_dumps, hang_report, hang_watch, progress
 from launcher.hang_report import Rank
 from launcher.hang_watch import FLOOR_S, START_LIMIT_S, StallClock
 
@@ -388,7 +389,7 @@ def test_hang_watch_keeps_its_limit_for_the_report(tmp_path: Path):
         deadline = time.monotonic() + 30
         while len(limits) < 2:
             assert time.monotonic() < deadline, limits
-            seen = hang_report.read_json(record)
+            seen = hang_watch.read_json(record)
             if seen and seen["limit_s"] not in limits:
                 limits.append(seen["limit_s"])
                 assert started - 1 <= seen["launched"] <= time.time()
@@ -482,3 +483,421 @@ def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step
 
     assert seen is not None and seen.step == 30 and record["longest_step_s"] is not None
     assert stop is not None and stop.says.startswith("training was progressing: last step 30") and found == []
+
+
+# A rank as entrypoint.py makes it for the hang report (launcher/hang_dumps.py's handler, launcher/progress.py's last
+# step), whose main thread then waits in a function of its own: step 7 completed SINCE s ago, the longest took 2 s.
+RANK_PROGRAM = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from launcher import hang_dumps, progress
+hang_dumps.install(Path(sys.argv[1]), int(sys.argv[2]))
+progress.LAST.step, progress.LAST.time, progress.LAST.longest_step_s = 7, time.time() - float(sys.argv[3]), 2.0
+def waiting_in_step():
+    print("ready", flush=True)
+    time.sleep(3600)
+waiting_in_step()
+"""
+
+
+@pytest.fixture
+def start_ranks():
+    started: list[subprocess.Popen] = []
+
+    def start(run_dir: Path, ranks: int, since_s: float) -> list[subprocess.Popen]:
+        program = RANK_PROGRAM.format(repo=str(Path(hang_report.__file__).parents[1]))
+        for rank in range(ranks):
+            command = [sys.executable, "-c", program, str(run_dir), str(rank), str(since_s)]
+            started.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+        assert [process.stdout.readline() for process in started] == ["ready\n"] * ranks
+        deadline = time.monotonic() + 30
+        while any(hang_dumps.process_stat(process.pid)[0] != "S" for process in started):  # each in its sleep
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return started
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def hang_report_main(run_dir: Path, world: int, monkeypatch, *flags: str) -> int:
+    argv = [str(run_dir), "--why", "no step for 40 s", "--world-size", str(world), "--nodes", socket.gethostname()]
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", *argv, "--ranks-per-node", str(world), *flags])
+    return hang_report.main()
+
+
+def test_report_of_running_ranks_that_answer_names_where_they_are_and_what_they_did_not_say(
+    tmp_path, start_ranks, monkeypatch, capsys
+):
+    here = socket.gethostname()
+    ranks = start_ranks(tmp_path, 3, since_s=100.0)
+    os.kill(ranks[2].pid, signal.SIGSTOP)  # it can say nothing
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-3.status").write_text(f"1 1796117746 {here}\n")  # ended before the report
+    (tmp_path / "hang" / "answer-rank-0.json").write_text('{"rank": 0, "last_step": 99}')  # an earlier report's
+    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 2.0)
+
+    assert hang_report_main(tmp_path, 4, monkeypatch, "--local") == 0
+
+    report = tmp_path / "hang-report.txt"
+    assert capsys.readouterr().err.splitlines() == [
+        f"srun.sh: hang report (no step for 40 s): 1 rank(s) did not answer: rank 2 on {here} (pid {ranks[2].pid}):"
+        " stopped (T)",
+        "srun.sh:   no rank waits in a collective that another rank is not in; 2 of 4 answered, at step 7",
+        f"srun.sh:   every rank's top frames and torch's analysis: {report}",
+    ]
+    text = report.read_text().splitlines()
+    assert text[0].startswith(f"Hang report of run {tmp_path.name}, 20") and text[0].endswith(" UTC")
+    assert text[1:4] == [
+        "Why: no step for 40 s",
+        "Ranks: 4 on 1 host(s); stacks from 2, answers from 2, flight recorder records from 0",
+        text[3],
+    ]
+    assert re.fullmatch(r"Progress: last step 7, 10\d\.\d s before the ranks were asked; the longest step so far took"
+                        r" 2\.00 s", text[3])  # fmt: skip
+    assert text[4:6] == [
+        "Did not answer (seen from " + here + "):",
+        f"  rank 2 on {here} (pid {ranks[2].pid}): stopped (T)",
+    ]
+    frames = text.index("Main threads, top 6 frames (most recent first):")
+    assert text[frames + 1 : frames + 5] == [
+        f"  rank 2 on {here} (pid {ranks[2].pid}): no stacks",
+        f"  rank 3 on {here}: it had ended, with exit status 1",
+        f"  ranks 0-1 on {here}",
+        "      waiting_in_step (<string>:10)",
+    ]
+    assert text[-3:] == [
+        "  no flight recorder records came",
+        "",
+        f"Records: {tmp_path / 'hang'}/: stacks-rank-R.txt (every thread of rank R), fr/rank-R (flight recorder),"
+        " answer-rank-R.json",
+    ]
+    assert json.loads((tmp_path / "hang" / "answer-rank-0.json").read_text())["last_step"] == 7
+
+
+def test_stop_of_running_ranks_a_moment_after_their_last_step_is_an_ordinary_stop(
+    tmp_path, start_ranks, monkeypatch, capsys
+):
+    start_ranks(tmp_path, 2, since_s=0.5)
+
+    assert hang_report_main(tmp_path, 2, monkeypatch, "--local") == 0
+
+    first, second, _ = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"srun.sh: hang report \(no step for 40 s\): training was progressing: last step 7, 0\.\d\d s"
+                        r" before the stop", first)  # fmt: skip
+    assert second == "srun.sh:   an ordinary stop: 2 of 2 ranks answered; the longest step so far took 2.00 s"
+    text = (tmp_path / "hang-report.txt").read_text()
+    assert (
+        "Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):\n  none\n"
+        in text
+    )
+    assert "torch's analysis:\n  not run: an ordinary stop\n" in text
+
+
+def test_a_stall_of_running_ranks_is_no_ordinary_stop_though_their_last_step_was_recent(
+    tmp_path, start_ranks, monkeypatch, capsys
+):
+    start_ranks(tmp_path, 2, since_s=0.5)
+
+    assert hang_report_main(tmp_path, 2, monkeypatch, "--local", "--stalled") == 0
+
+    assert capsys.readouterr().err.splitlines()[1] == (
+        "srun.sh:   rank 0 on "
+        + socket.gethostname()
+        + f" (pid {hang_report.registered_ranks(tmp_path / 'hang')[0]['pid']}):"
+        " at waiting_in_step (<string>:10)"
+    )
+
+
+def test_a_job_step_is_signalled_through_scancel_and_its_refusal_is_said(tmp_path, monkeypatch, capsys):
+    """A stand-in scancel (the real one needs a controller: tests/test_srun_hang.py) records how it was called."""
+    scancel = tmp_path / "bin" / "scancel"
+    scancel.parent.mkdir()
+    scancel.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/called\necho "scancel: error: Invalid job id 42.0" >&2\nexit 1\n'
+    )
+    scancel.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{scancel.parent}:{os.environ['PATH']}")
+
+    assert hang_report_main(tmp_path, 1, monkeypatch, "--step", "42.0") == 0
+
+    assert (tmp_path / "called").read_text() == "--signal=USR2 42.0\n"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "srun.sh: hang report: could not signal the ranks: scancel: error: Invalid job id 42.0"
+    assert hang_report.signal_step("x") == "scancel: error: Invalid job id 42.0"
+    scancel.write_text("#!/bin/sh\nexit 3\n")
+    assert hang_report.signal_step("x") == "scancel exited 3"
+    scancel.write_text("#!/bin/sh\nexit 0\n")
+    assert hang_report.signal_step("x") is None
+
+
+def subgroup_dump(enqueued: int, completed: int, main: tuple[int, int] = (6, 5)) -> dict:
+    """A rank's records of the default group (its collective #6 started on every GPU) and of a subgroup "1" of ranks
+    0-1 (no pg_config of it: torch leaves out groups it did not create on that rank), with a p2p entry beside."""
+    entries = [entry("0", 6, "started"), entry("1", completed + 1, "started", op="nccl:all_gather", pg_id=1)]
+    entries.append(entry("1", 99, "started", op="nccl:send", pg_id=1) | {"is_p2p": True})
+    entries[1]["process_group"] = ("1", "undefined")
+    return dump(entries, {"0": main, "1": (enqueued, completed)})
+
+
+def test_a_group_with_a_member_outside_its_collective_comes_before_a_larger_group_that_every_member_is_in():
+    ranks = ranks_with(
+        {0: subgroup_dump(3, 2), 1: subgroup_dump(2, 2), 2: dump([entry("0", 6, "started")], {"0": (6, 5)})}
+    )
+    ranks |= ranks_with({3: dump([entry("0", 6, "started")], {"0": (6, 5)})})
+
+    found = hang_report.collectives(ranks, 4)
+
+    assert [(c.group, c.seq, c.members, c.outside(), c.gpu_states) for c in found] == [
+        ("1", 3, [0, 1], [1], "started"),
+        ("0", 6, [0, 1, 2, 3], [], "started"),
+    ]
+    assert found[0].name() == "nccl:all_gather #3 of process group 1 (ranks 0-1)" and found[0].sizes == "[[1024]]"
+    assert hang_report.summary(ranks, found, "why", Path("/r/hang-report.txt")) == [
+        "srun.sh: hang report (why): rank 0 waits in nccl:all_gather #3 of process group 1 (ranks 0-1); 1 rank(s) not"
+        " in it",
+        "srun.sh:   not in it: rank 1 on node1 (pid 101): it waits in nccl:all_reduce #6 of process group 0",
+        "srun.sh:   every rank's top frames and torch's analysis: /r/hang-report.txt",
+    ]
+    assert hang_report.findings_lines(ranks, found, 2) == [
+        "Collectives not completed by every member (torch's flight recorder, oldest first per group):",
+        "  nccl:all_gather #3 of process group 1 (ranks 0-1), sizes [[1024]]",
+        "    in nccl:all_gather: ranks 0",
+        "    not in it: rank 1 on node1 (pid 101): it waits in nccl:all_reduce #6 of process group 0",
+        "  nccl:all_reduce #6 of process group 0 (default_pg, ranks 0-3), sizes [[1024]]",
+        "    in nccl:all_reduce: ranks 0-3",
+        "  and 2 entered too recently before the ranks were asked to tell anything",
+    ]
+
+
+def test_a_member_without_records_is_not_in_the_collective_and_the_group_waits_for_it():
+    ranks = ranks_with({0: dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0, 1, 2]")})
+    ranks |= ranks_with({1: dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0, 1, 2]")})
+    ranks[2] = Rank(2, "node2", registered={"pid": 102}, answer={"distributed": True, "last_step": 5})
+
+    (found,) = hang_report.collectives(ranks, 3)
+
+    assert (found.silent, found.behind, found.outside(), found.waiting()) == ([2], [], [2], [0, 1])
+    assert hang_report.summary(ranks, [found], "why", Path("/r"))[:2] == [
+        "srun.sh: hang report (why): ranks 0-1 wait in nccl:all_reduce #2 of process group 0 (default_pg, ranks 0-2);"
+        " 1 rank(s) not in it",
+        "srun.sh:   not in it: rank 2 on node2 (pid 102): no answer",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("timed", "says"),
+    [
+        (True, "srun.sh:   no member's GPU started it: the work queued before it is stuck on every member"),
+        (False, "srun.sh:   suspect the network between node1, node2, or stuck GPUs (see the top frames)"),
+    ],
+)
+def test_a_collective_no_gpu_started_is_work_stuck_before_it_only_where_starts_are_recorded(timed: bool, says: str):
+    earlier = entry("0", 4, "completed") | {"time_discovered_started_ns": 1 if timed else None}
+    queued = dump([earlier, entry("0", 5, "scheduled")], {"0": (5, 4)})
+    ranks = ranks_with({n: queued for n in range(4)})
+
+    found = hang_report.collectives(ranks, 4)
+
+    assert found[0].gpu_states == ("scheduled" if timed else "")
+    assert hang_report.summary(ranks, found, "why", Path("/r"))[:2] == [
+        "srun.sh: hang report (why): every member of nccl:all_reduce #5 of process group 0 (default_pg, ranks 0-3) is"
+        " in it, and none completed it",
+        says,
+    ]
+
+
+def test_a_rank_whose_gpu_never_started_it_is_in_the_not_in_it_line_and_not_among_those_waiting():
+    """Issue 38: that list dropped from the "not in it" line went unnoticed."""
+    started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1, 2]")
+    queued = dump([entry("0", 8, "completed"), entry("0", 9, "scheduled")], {"0": (9, 8)}, ranks="[0, 1, 2]")
+    ranks = ranks_with({0: started, 1: started, 2: queued})
+
+    found = hang_report.collectives(ranks, 3)
+    first, second, _ = hang_report.summary(ranks, found, "why", Path("/r"))
+
+    assert first == (
+        "srun.sh: hang report (why): ranks 0-1 wait in nccl:all_reduce #9 of process group 0 (default_pg, ranks 0-2);"
+        " 1 rank(s) not in it"
+    )
+    assert second == (
+        "srun.sh:   not in it: rank 2 on node2 (pid 102): its GPU never started it (the work queued before it is"
+        " stuck), at x (y.py:1)"
+    )
+
+
+def test_a_hang_at_start_names_the_ranks_that_never_joined_and_those_waiting_for_them():
+    rendezvous = ["_store_based_barrier (/site/torch/distributed/distributed_c10d.py:1)", "main (entrypoint.py:3)"]
+    ranks = {
+        n: Rank(n, "node1", registered={"pid": 100 + n}, answer={"distributed": False}, frames=rendezvous)
+        for n in range(3)
+    }
+    ranks[3] = Rank(3, "node2", registered={"pid": 103}, answer={"distributed": False}, frames=["load (data.py:7)"])
+    ranks[4] = Rank(4, "node2")  # never registered: it had not started entrypoint.py's hang handler
+
+    lines = hang_report.summary(ranks, [], "why", Path("/r"))
+
+    assert lines[:2] == [
+        "srun.sh: hang report (why): hang at start: 2 rank(s) never joined torch.distributed; ranks 0-2 wait for them"
+        " in the rendezvous",
+        "srun.sh:   never joined: rank 3 on node2 (pid 103): at load (data.py:7); rank 4 on node2: no answer: it had"
+        " not started entrypoint.py's hang handler",
+    ]
+    assert hang_report.findings_lines(ranks, [], 0)[:4] == [
+        "Start: not every rank joined torch.distributed (its rendezvous, init_process_group)",
+        "  waiting in the rendezvous: ranks 0-2",
+        "  never joined: rank 3 on node2 (pid 103): at load (data.py:7)",
+        "  never joined: rank 4 on node2: no answer: it had not started entrypoint.py's hang handler",
+    ]
+
+
+def test_gather_reads_each_ranks_records_written_since_the_request(tmp_path: Path):
+    hang = tmp_path / "hang"
+    (hang / "fr").mkdir(parents=True)
+    record = dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0, 1, 2]")
+    (hang / "fr" / "rank-0").write_bytes(pickle.dumps(record))
+    (hang / "fr" / "rank-1").write_bytes(b"not a pickle")
+    for rank in range(2):
+        registered = {"rank": rank, "host": f"n{rank}", "pid": 10 + rank, "start_time": "1", "main_thread": 16}
+        (hang / f"rank-{rank}.json").write_text(json.dumps(registered))
+        (hang / f"answer-rank-{rank}.json").write_text(json.dumps({"flight_recorder": f"rank-{rank}", "last_step": 4}))
+    earlier = 'Thread 0x0000000000000010 (most recent call first):\n  File "old.py", line 1 in before\n'
+    now = 'Thread 0x0000000000000010 (most recent call first):\n  File "/x/train.py", line 9 in step\n'
+    (hang / "stacks-rank-0.txt").write_text(earlier + now)
+
+    ranks = hang_report.gather(tmp_path, 4, ["h0", "h1", "h2"], {0: len(earlier)}, {2: "it had ended"})
+
+    assert [(r.host, r.frames, r.ended) for r in ranks.values()] == [
+        ("n0", ["step (/x/train.py:9)"], None),
+        ("n1", [], None),
+        ("h2", [], "it had ended"),
+        ("?", [], None),
+    ]
+    assert ranks[0].dump == record and ranks[1].dump is None and ranks[0].answer["last_step"] == 4
+    assert ranks[2].registered is None and ranks[2].answer is None
+    assert hang_report.registered_ranks(hang)[1]["pid"] == 11
+
+
+def test_torchs_analysis_is_run_on_nccls_records_and_its_output_kept(tmp_path: Path, monkeypatch):
+    """torchfrtrace itself takes 15-20 s to start here (tests/gpu runs it on real records); a stand-in interpreter
+    stands for it, to show how its output and exit status reach the report."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/called\nfor i in $(seq 1 70); do echo "line $i"; done\nexit 3\n'
+    )
+    stand_in.chmod(0o755)
+    nccl = ranks_with({0: dump([entry("0", 2, "started")], {"0": (2, 1)})})
+    gloo = ranks_with({0: dump([entry("0", 2, "started", op="gloo:all_reduce")], {"0": (2, 1)})})
+    fr = tmp_path / "fr"
+    command = f"torchfrtrace {fr} -p rank- --allow-incomplete-ranks"
+
+    assert hang_report.torch_analysis({0: Rank(0, "h")}, fr) == ["  no flight recorder records came"]
+    assert hang_report.torch_analysis(gloo, fr) == [
+        "  torchfrtrace reads NCCL's records only; these are gloo's (the analysis above reads them)"
+    ]
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    lines = hang_report.torch_analysis(nccl, fr)
+    assert lines == [f"  `{command}` (exit status 3):", *(f"    line {i}" for i in range(11, 71))]
+    called = "-m torch.distributed.flight_recorder.fr_trace " + str(fr) + " -p rank- --allow-incomplete-ranks\n"
+    assert (tmp_path / "called").read_text() == called
+    monkeypatch.setattr(hang_report.importlib.util, "find_spec", lambda name: None)
+    assert hang_report.torch_analysis(nccl, fr) == [f"  {stand_in} has no torch: run `{command}` where torch is"]
+
+
+def test_waiting_for_answers_ends_when_they_came_or_a_ranks_stacks_came_a_grace_ago(tmp_path: Path, monkeypatch):
+    """A rank whose stuck thread holds the GIL writes its stacks (faulthandler needs no GIL) but never its answer."""
+    monkeypatch.setattr(hang_report, "STACKS_GRACE_S", 0.3)
+    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 2.5)
+    (tmp_path / "answer-rank-0.json").write_text("{}")
+    (tmp_path / "stacks-rank-1.txt").write_text("earlier\nnow\n")
+    pending = {0, 1}
+
+    started = time.monotonic()
+    hang_report.wait_for_answers(tmp_path, pending, {1: len("earlier\n")})
+    waited = time.monotonic() - started
+
+    assert pending == set() and 0.3 < waited < 2.0
+    pending = {1}
+    started = time.monotonic()
+    hang_report.wait_for_answers(tmp_path, pending, {1: len("earlier\nnow\n")})  # no new stacks: the whole wait
+    assert pending == {1} and time.monotonic() - started >= 2.5
+
+
+def test_a_rank_that_did_not_answer_heads_the_console_in_a_stop_and_in_a_finding():
+    here = socket.gethostname()
+    answered = Rank(0, "node9", registered={"pid": 1}, answer={"last_step": 3}, frames=["x (y.py:1)"])
+    silent = Rank(1, "node9", registered={"pid": 2, "start_time": "x"})
+    ranks = {0: answered, 1: silent}
+    stop = hang_report.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
+
+    assert hang_report.summary(ranks, [], "why", Path("/r"), stop)[:2] == [
+        "srun.sh: hang report (why): training was progressing: last step 3, 0.50 s before the stop",
+        "srun.sh:   1 rank(s) did not answer: rank 1 on node9 (pid 2): no answer from node node9 (rank 0 on it"
+        " answered)",
+    ]
+    assert hang_report.summary(ranks, [], "why", Path("/r"))[:2] == [
+        "srun.sh: hang report (why): 1 rank(s) did not answer: rank 1 on node9 (pid 2): no answer from node node9"
+        " (rank 0 on it answered)",
+        "srun.sh:   no rank waits in a collective that another rank is not in; 1 of 2 answered, at step 3",
+    ]
+    assert here != "node9"
+
+
+def test_the_console_names_three_ranks_and_counts_the_rest():
+    ranks = {n: Rank(n, f"node{n}", answer={"distributed": False}, frames=[f"f{n} (a.py:{n})"]) for n in range(5)}
+    ranks |= {n: Rank(n, "nodeX", registered={"pid": n, "start_time": "x"}) for n in range(5, 10)}
+    ranks[10] = Rank(10, "nodeY", registered={"pid": 10, "start_time": "x"})
+    ranks[11] = Rank(11, "nodeZ", registered={"pid": 11, "start_time": "x"})
+    ranks[12] = Rank(12, "nodeW", registered={"pid": 12, "start_time": "x"})
+
+    first, second, _ = hang_report.summary(ranks, [], "why", Path("/r"))
+
+    assert first == (
+        "srun.sh: hang report (why): 8 rank(s) did not answer: ranks 5-9 on nodeX: no answer from node nodeX;"
+        " rank 10 on nodeY (pid 10): no answer from node nodeY; rank 11 on nodeZ (pid 11): no answer from node nodeZ;"
+        " and 1 more"
+    )
+    assert second == "srun.sh:   hang at start: 5 rank(s) never joined torch.distributed"
+    assert hang_report.summary({n: ranks[n] for n in range(5)}, [], "why", Path("/r"))[1] == (
+        "srun.sh:   never joined: rank 0 on node0: at f0 (a.py:0); rank 1 on node1: at f1 (a.py:1); rank 2 on node2:"
+        " at f2 (a.py:2); and 2 more"
+    )
+
+
+def test_process_groups_are_read_by_name_with_their_members_status_and_entries_as_torch_records_them():
+    """torch keys pg_status by the group's id and pg_config by its name; entries name both. A p2p entry shares the
+    sequence number of the collective it precedes, and is no collective."""
+    send = entry("tp", 4, "started", op="nccl:send", pg_id=11) | {"is_p2p": True}
+    gather = entry("tp", 4, "started", op="nccl:all_gather", pg_id=11)
+    other = entry("x", 2, "scheduled", pg_id=13)
+    record = {
+        "pg_config": {"tp": {"ranks": "[2, 3]"}, "gone": {"ranks": "[9]"}},
+        "pg_status": {
+            "11": {"last_enqueued_collective": 4, "last_completed_collective": 3},
+            "12": {"last_enqueued_collective": -1, "last_completed_collective": -1},
+        },
+        "entries": [send, gather, other],
+    }
+
+    assert hang_report.group_records(record) == {
+        "tp": {"desc": "", "members": [2, 3], "enqueued": 4, "completed": 3, "entries": {4: gather}},
+        "x": {"desc": "", "members": None, "enqueued": 0, "completed": 0, "entries": {2: other}},
+        "12": {"desc": "", "members": None, "enqueued": 0, "completed": 0, "entries": {}},
+    }
+    assert hang_report.group_records({"pg_status": record["pg_status"]})["11"]["enqueued"] == 4
+    ranks = ranks_with({2: record})
+    ranks[3] = Rank(3, "node2", registered={"pid": 103})
+
+    (found,) = hang_report.collectives(ranks, 4)
+
+    assert (found.group, found.members, found.seq, found.silent, found.ops) == (
+        "tp",
+        [2, 3],
+        4,
+        [3],
+        {"nccl:all_gather": [2]},
+    )
+    assert found.name() == "nccl:all_gather #4 of process group tp (ranks 2-3)"

@@ -9,9 +9,11 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -425,3 +427,319 @@ def test_retests_low_in_an_order_noise_often_gives_clear_the_node(tmp_path):
     nodes, _ = judged(layout, records, tmp_path=tmp_path)
 
     assert [node.verdict for node in nodes.values()] == ["ok", "ok", "ok"]
+
+
+def launch_writing(tmp_path: Path, records: dict, then: str = "") -> list[str]:
+    """A launch that writes the ranks' records as launcher/health.py does (write, then rename), then runs `then`."""
+    source = tmp_path / "records.json"
+    source.write_text(json.dumps(records))
+    program = (
+        "import json, os, pathlib, sys, time\n"
+        "health = pathlib.Path(sys.argv[1]) / 'health'\n"
+        "for rank, record in json.loads(pathlib.Path(sys.argv[2]).read_text()).items():\n"
+        "    (health / '.tmp').write_text(json.dumps(record))\n"
+        "    os.replace(health / '.tmp', health / f'rank-{rank}.json')\n" + then
+    )
+    return [sys.executable, "-c", program, str(tmp_path), str(source)]
+
+
+def check(tmp_path: Path, layout: Layout, launch: list[str], timeout: float, monkeypatch) -> int:
+    nodes = ",".join(layout.hosts)
+    argv = ["health_report.py", str(tmp_path), "--timeout", str(timeout), "--nodes", nodes, "--ranks-per-node"]
+    monkeypatch.setattr(sys, "argv", [*argv, str(layout.per_node), "--", *launch])
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {signum: signal.getsignal(signum) for signum in stop_signals}
+    try:
+        return health_report.main()
+    finally:  # the check ignores them once it has stopped the launch: this process goes on with the next test
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_a_check_whose_ranks_all_finish_healthy_passes_and_says_so(tmp_path, monkeypatch, capsys):
+    layout = Layout(["a", "b"], 2)
+    records = healthy(layout)
+    (tmp_path / "health").mkdir()
+    (tmp_path / "health" / "rank-9.json").write_text("{}")  # a record of an earlier check: not this one's
+
+    assert check(tmp_path, layout, launch_writing(tmp_path, records), 30.0, monkeypatch) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(
+        r"srun.sh: health check of 2 node\(s\) x 2 rank\(s\) over nccl, \d+\.\d s; bus bandwidth in GB/s at 256 MiB"
+        r" \(pair: the best partner's\)",
+        lines[0],
+    )
+    assert [line.split()[0] for line in lines[1:4]] == ["node", "a", "b"] and lines[3].endswith("OK")
+    assert lines[-1] == f"srun.sh: health check passed on all 2 node(s); {tmp_path / 'health.json'}"
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert (report["passed"], report["outcome"], report["failed_nodes"], report["timeout_s"]) == (
+        True,
+        "finished",
+        [],
+        30.0,
+    )
+    assert report["ranks"]["3"] == records[3] and len(report["ranks"]) == 4
+    assert not (tmp_path / "health" / "rank-9.json").exists()
+    assert (tmp_path / "health" / "failed-nodes").read_text() == ""
+
+
+def test_a_rank_stuck_past_its_deadline_stops_the_launch_and_fails_its_node(tmp_path, monkeypatch, capsys):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    records[1] |= {"part": "gpu", "stage": "running", "group": None, "finished": False}
+    records[0] |= {"part": "node.all_reduce", "stage": "group", "group": [0, 1], "finished": False}
+    launch = launch_writing(tmp_path, records, then="time.sleep(600)\n")
+
+    assert check(tmp_path, layout, launch, 1.0, monkeypatch) == 1
+
+    out = capsys.readouterr().out
+    assert "srun.sh: b: rank 1 never reached node all-reduce: still in the GPU test: exclude it: --exclude=b" in out
+    assert "srun.sh: a: rank 0 waited 1 s in node all-reduce\n" in out  # waiting for b: blocked, not blamed
+    assert out.splitlines()[-1].startswith("srun.sh: health check failed on 1 of 2 node(s): b (salloc/sbatch")
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert (report["passed"], report["outcome"], report["failed_nodes"]) == (False, "deadline", ["b"])
+    assert [node["verdict"] for node in report["nodes"]] == ["blocked", "hang"]
+    assert (tmp_path / "health" / "failed-nodes").read_text() == "b\n"
+
+
+def test_a_launch_that_ends_before_its_ranks_finish_fails_the_check_and_points_at_its_log(
+    tmp_path, monkeypatch, capsys
+):
+    layout = Layout(["a"], 2)
+    records = healthy(layout)
+    records[1] |= {"part": "job.all_reduce", "finished": False}
+
+    assert check(tmp_path, layout, launch_writing(tmp_path, records), 30.0, monkeypatch) == 1
+
+    lines = capsys.readouterr().out.splitlines()
+    log = tmp_path / "logs" / "launcher.log"
+    assert f"srun.sh: the job: the launch ended before every rank finished: see {log}" in lines
+    assert "srun.sh: a: rank 1 did not finish: the check stopped" in lines
+    assert lines[-1] == f"srun.sh: health check failed; {tmp_path / 'health.json'}"
+
+
+def test_the_launch_command_must_come_after_a_double_dash(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["health_report.py", str(tmp_path), "--timeout", "1", "--nodes", "a"])
+    with pytest.raises(SystemExit) as exit_:
+        health_report.main()
+    assert exit_.value.code == 2 and "the launch command comes after --" in capsys.readouterr().err
+
+
+def test_parts_are_ordered_and_named_as_docs_health_md_lists_them():
+    """launcher/health.py's order of parts: a rank past a part's deadline waits for those not yet in it."""
+    order = ["start", "gpu", "node.all_reduce", "node.broadcast", "pair.0.all_reduce", "pair.0.broadcast"]
+    order += ["pair.2.all_reduce", "pair.10.broadcast", "retest.0.all_reduce", "retest.0.broadcast"]
+    order += ["retest.11.all_reduce", "job.all_reduce", "job.broadcast"]
+
+    assert sorted(reversed(order), key=health_report.part_order) == order
+    names = [health_report.describe(part) for part in order[:5] + order[7:9] + order[-1:]]
+    assert names == [
+        "the start (torch import, rendezvous)",
+        "the GPU test",
+        "node all-reduce",
+        "node broadcast",
+        "pair round 0 all-reduce",
+        "pair round 10 broadcast",
+        "retest round 0 all-reduce",
+        "job broadcast",
+    ]
+
+
+def test_a_rank_whose_local_gpu_is_not_visible_fails_its_node_and_one_without_a_gpu_test_is_not_judged(tmp_path):
+    layout = Layout(["a", "b"], 2)
+    records = healthy(layout)
+    records[1]["results"]["gpu"] = gpu("GPU-1", device=1) | {"visible": 1}
+    records[2]["results"]["gpu"] = {"applicable": False}  # no CUDA: gloo on the CPU
+    records[3]["results"]["gpu"] = {"applicable": False}
+
+    nodes, job = judged(layout, records, tmp_path=tmp_path)
+
+    assert nodes["a"].verdict == "fail" and nodes["a"].reasons == ["rank 1 sees 1 GPU(s), none for local rank 1"]
+    assert (nodes["b"].verdict, nodes["b"].gpus, nodes["a"].gpus, job) == ("ok", "n/a", "2/2", "")
+    assert "matmul_tflops" not in nodes["b"].figures
+
+
+def test_a_rank_that_reports_an_error_or_exits_badly_fails_its_node_but_a_stopped_one_does_not(tmp_path):
+    layout = Layout(["a", "b", "c"], 1)
+    records = healthy(layout)
+    records[0] |= {"part": "node.broadcast", "error": "RuntimeError: NCCL error", "finished": False}
+    records[1] |= {"part": None, "error": "ImportError: no torch", "finished": False}
+    (tmp_path / "logs").mkdir()
+    for rank, status in {0: "1", 1: "1", 2: "143"}.items():
+        (tmp_path / "logs" / f"rank-{rank}.status").write_text(f"{status} 1796117746 host\n")
+    (tmp_path / "logs" / "rank-3.status").write_text("")  # no such rank of this job, and empty
+
+    nodes, job = judged(layout, records, "exited", tmp_path=tmp_path)
+
+    assert nodes["a"].reasons == ["rank 0: node broadcast: RuntimeError: NCCL error"]
+    assert nodes["b"].reasons == ["rank 1: the start (torch import, rendezvous): ImportError: no torch"]
+    assert (nodes["a"].verdict, nodes["b"].verdict, nodes["c"].verdict, job) == ("fail", "fail", "ok", "")
+    del records[0]["error"], records[1]["error"]
+    records[0]["error"] = records[1]["error"] = None
+    nodes, job = judged(layout, records, "exited", tmp_path=tmp_path)
+    assert nodes["a"].reasons == ["rank 0 exited with status 1"] and nodes["c"].verdict == "ok"
+    assert job == ""  # a node failed: that says why the launch ended
+
+
+def test_a_stopped_check_judges_no_figure_and_says_it_was_stopped(tmp_path):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout, {"b": 100.0})
+    records[1] |= {"part": "job.all_reduce", "finished": False}
+    run = Run(tmp_path, layout, records, "stopped", [], 60.0, 3.0)
+
+    nodes, job = health_report.judge(run)
+
+    assert job == "the check was stopped before it finished"
+    assert [(node.verdict, node.reasons) for node in nodes] == [
+        ("ok", []),
+        ("blocked", ["rank 1 did not finish: the check stopped"]),
+    ]
+    lines = health_report.console(run, nodes, job)
+    assert lines[-2:] == [
+        "srun.sh: the job: the check was stopped before it finished",
+        f"srun.sh: health check failed; {tmp_path / 'health.json'}",
+    ]
+
+
+def test_the_console_gives_the_job_figures_and_numbers_in_three_digits(tmp_path):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    for rank, record in records.items():
+        record["results"]["job.all_reduce"] = collective([0, 1], 123.4 + rank)
+        record["results"]["job.broadcast"] = collective([0, 1], 0.04567)
+        record["results"]["start"]["backend"] = "gloo" if rank else "nccl"
+    run = Run(tmp_path, layout, records, "finished", [], 60.0, 3.04)
+    nodes, job = health_report.judge(run)
+
+    lines = health_report.console(run, nodes, job)
+
+    assert lines[0].startswith("srun.sh: health check of 2 node(s) x 1 rank(s) over gloo, nccl, 3.0 s;")
+    assert "job (2 ranks): all-reduce 123 GB/s, broadcast 0.0457 GB/s" in lines
+    assert [health_report.number(v) for v in (None, 99.94, 100.0, 4.3)] == ["n/a", "99.9", "100", "4.3"]
+    assert health_report.job_figures(records) == {"all_reduce": 123.4, "broadcast": 0.04567}
+
+
+def test_a_worse_verdict_wins_and_every_reason_is_kept():
+    node = health_report.Node("a", [0])
+    for verdict in ["suspect", "slow", "blocked", "ok", "hang", "fail"]:
+        node.fail(verdict, verdict)
+
+    assert (node.verdict, node.reasons, node.failed) == (
+        "hang",
+        ["suspect", "slow", "blocked", "ok", "hang", "fail"],
+        True,
+    )
+    assert [health_report.Node("b", [], verdict=v).failed for v in ("ok", "suspect", "blocked", "slow", "fail")] == [
+        False, False, False, True, True
+    ]  # fmt: skip
+
+
+def test_a_rank_that_never_wrote_a_record_is_blamed_at_the_start_deadline_of_three_timeouts(
+    tmp_path, monkeypatch, capsys
+):
+    layout = Layout(["a", "b"], 1)
+    records = {0: healthy(layout)[0] | {"part": "start", "stage": "rendezvous", "finished": False, "results": {}}}
+    launch = launch_writing(tmp_path, records, then="time.sleep(600)\n")
+
+    started = time.monotonic()
+    assert check(tmp_path, layout, launch, 0.4, monkeypatch) == 1
+
+    assert time.monotonic() - started >= 1.2
+    out = capsys.readouterr().out.splitlines()
+    never = "rank 1 never reached the start (torch import, rendezvous): no record: it never started"
+    assert f"srun.sh: b: {never}: exclude it: --exclude=b" in out
+    assert "srun.sh: a: rank 0 waited 1.2 s in the start (torch import, rendezvous)" in out
+
+
+def test_a_rank_that_finished_is_not_late_while_another_is_stuck(tmp_path, monkeypatch, capsys):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    records[0] |= {"part": "job.broadcast", "group": [0, 1]}  # done: the others' clocks run
+    records[1] |= {"part": "job.all_reduce", "stage": "running", "group": [0, 1], "finished": False}
+    launch = launch_writing(tmp_path, records, then="time.sleep(600)\n")
+
+    assert check(tmp_path, layout, launch, 0.5, monkeypatch) == 1
+
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert [(node["verdict"], node["reasons"]) for node in report["nodes"]] == [
+        ("ok", []),
+        ("blocked", ["rank 1 did not finish: the check stopped"]),
+    ]
+    assert report["job"]["finding"] == "job all-reduce did not finish within 0.5 s (ranks 0-1): every rank was in it," \
+        " and no node outside it tells which one is at fault"  # fmt: skip
+
+
+def test_a_slow_gpu_and_a_slow_node_carry_the_samples_they_rest_on(four_nodes: Layout, tmp_path):
+    records = healthy(four_nodes, matmul={5: 612.0})
+    records[5]["results"]["gpu"] |= {"matmul_tflops_samples": [611.0, 612.0, 640.0]}
+    for rank in (6, 7):  # node d's all-reduce: rank 7 the slower member, whose samples are the figure's
+        records[rank]["results"]["node.all_reduce"] = collective([6, 7], 300.0 if rank == 7 else 310.0)
+        records[rank]["results"]["node.all_reduce"]["busbw_gb_s_samples"] = [rank * 1.0, 300.0]
+    del records[0]["results"]["gpu"]["matmul_tflops_best"]  # a record without the best sample: its median is it
+
+    nodes, _ = judged(four_nodes, records, tmp_path=tmp_path)
+
+    assert nodes["c"].evidence == [{"figure": "bf16 matmul", "samples": {"rank 5": [611.0, 612.0, 640.0]}}]
+    assert nodes["d"].reasons == ["node all-reduce 300 GB/s is 17% below the median 360"]
+    assert nodes["d"].evidence == [{"figure": "node all-reduce", "samples": {"d": [7.0, 300.0]}}]
+    assert [host for host, node in nodes.items() if node.failed] == ["c", "d"]
+
+
+def test_a_pair_once_low_is_suspect_with_its_figure_named_and_a_retested_one_keeps_its_evidence(tmp_path):
+    layout = Layout(["a", "b", "c"], 1)
+    records = healthy(layout)
+    for rank in (0, 1):
+        records[rank]["results"]["pair.0.broadcast"] |= collective([0, 1], 1.01)
+    for rank in (0, 2):
+        records[rank]["results"]["pair.1.broadcast"] |= collective([0, 2], 0.9)  # 11% below: flagged, not retested
+
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+
+    assert nodes["c"].reasons == [
+        "suspect, not excluded: best pair broadcast 0.9 GB/s is 11% below the median 1.01 in one measurement, not"
+        " retested"
+    ]
+    layout, records = three_nodes_retested(0.0598, CAPPED_BROADCAST, HEALTHY_BROADCAST[:12])
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+    (evidence,) = nodes["c"].evidence
+    own, reference = statistics.median(CAPPED_BROADCAST), statistics.median(HEALTHY_BROADCAST[:12])
+    assert evidence["figure"] == "pair broadcast" and evidence["what"] == "best sample of each retest, in order"
+    assert evidence["below"] == pytest.approx(1 - own / reference)
+    assert evidence["noise_chance"] == pytest.approx(1 / math.comb(24, 12), rel=0.01)
+    assert evidence["samples"]["a c"] == CAPPED_BROADCAST[0::2] and evidence["samples"]["b c"] == CAPPED_BROADCAST[1::2]
+    assert nodes["c"].reasons[0].startswith("pair broadcast with a and b ")
+
+
+def test_health_json_and_the_table_say_every_figure_and_verdict(four_nodes: Layout, tmp_path):
+    records = healthy(four_nodes, {"c": 300.0})
+    for rank in (4, 5):
+        records[rank]["results"]["node.all_reduce"]["busbw_gb_s_samples"] = [299.0, 300.0, 0.0456]
+    for record in records.values():
+        del record["results"]["start"]  # no start result: no backend to name
+    run = Run(tmp_path, four_nodes, records, "finished", [], 60.0, 31.25)
+    (tmp_path / "health").mkdir()
+    nodes, job = health_report.judge(run)
+
+    assert health_report.write_results(run, nodes, job) is False
+    lines = health_report.console(run, nodes, job)
+
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert {key: report[key] for key in ("passed", "outcome", "seconds", "timeout_s", "failed_nodes")} == {
+        "passed": False, "outcome": "finished", "seconds": 31.2, "timeout_s": 60.0, "failed_nodes": ["c"]
+    }  # fmt: skip
+    assert report["suspect_nodes"] == [] and report["job"] == {"all_reduce": None, "broadcast": None, "finding": None}
+    assert [node["host"] for node in report["nodes"]] == ["a", "b", "c", "d"] and report["nodes"][2][
+        "verdict"
+    ] == "slow"
+    assert (tmp_path / "health.json").read_text().startswith('{\n "passed": false,\n')
+    assert (tmp_path / "health" / "failed-nodes").read_text() == "c\n"
+    assert lines[0].startswith("srun.sh: health check of 4 node(s) x 2 rank(s), 31.2 s; bus bandwidth")  # no backend
+    header, first = lines[1], lines[2]
+    columns = "node ranks GPUs free GiB matmul TF/s HBM TB/s node AR node BC pair AR pair BC verdict"
+    assert header.split() == columns.split()
+    assert first.startswith("a     0-1    2/2   139") and first.endswith("OK")  # left-aligned columns
+    assert "srun.sh: c:   node all-reduce samples: c 299 300 0.0456" in lines
+    assert not any(line.startswith("job (") for line in lines)  # no job figures measured
+    assert health_report.ranges([4, 0, 1, 5]) == "0,1,4,5" and health_report.ranges([3]) == "3"
+    assert health_report.ranges([2, 3]) == "2-3"
