@@ -310,7 +310,7 @@ print_dry_run() {
 }
 
 main() {
-  BATCH_JOB=0 SUBMITTING=0
+  BATCH_JOB=0 SUBMITTING=0 TIME_LIMIT_REACHED=0
   case ${1:-} in
     --rank-exec)
       shift
@@ -323,6 +323,7 @@ main() {
     --batch-job)
       shift
       BATCH_JOB=1
+      trap_time_limit # launcher/sbatch.sh: from the start, or SLURM's USR1 would end this script
       SRUNSH_RUN_ID=${SRUNSH_RUN_ID:-${SLURM_JOB_ID:?--batch-job runs only as the batch script of srun.sh --sbatch}}
       ;;
   esac
@@ -353,11 +354,13 @@ main() {
   trap_stop_signals
   ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
   local status=0
-  launch_watched "${LAUNCH_CMD[@]}" || status=$? # launcher/hang.sh
+  if time_left_to_train; then # launcher/sbatch.sh: no training once a batch job's time limit is near
+    launch_watched "${LAUNCH_CMD[@]}" || status=$? # launcher/hang.sh
+  fi
   if [[ -n $STOPPED_BY ]]; then
     exit $((128 + $(kill -l "$STOPPED_BY")))
   fi
-  if [[ -n $HUNG ]]; then
+  if [[ -n ${HUNG:-} ]]; then
     status=124 # the hang watch stopped the ranks, and the hang report said why
   elif ((status)) && report_failure; then
     status=$FIRST_STATUS

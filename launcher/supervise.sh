@@ -65,7 +65,6 @@ trap_stop_signals() {
     # shellcheck disable=SC2064  # the signal's name is fixed now, on purpose
     trap "stop_launch $signal" "$signal"
   done
-  ((!BATCH_JOB)) || trap_time_limit
   trap remove_launch_container EXIT # launcher/container.sh
 }
 
