@@ -156,7 +156,7 @@ ENDINGS = {
     "a failed rank": ({"FAKE_FAIL_RANK": "1", "FAKE_FAIL_EXIT": "3"}, 3),
     "a stall": ({"FAKE_STEPS": "50", "FAKE_STUCK": "1:python@3", "SRUNSH_HANG_TIMEOUT_S": "3"}, 124),
     "a failed health check": (
-        {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_HEALTH_HANG": "3", "SRUNSH_HEALTH_TIMEOUT_S": "4"},
+        {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_HEALTH_HANG": "3", "SRUNSH_HEALTH_TIMEOUT_S": "8"},
         1,
     ),
 }
