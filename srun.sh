@@ -235,7 +235,7 @@ print_dry_run() {
 
 main() {
   # shellcheck disable=SC2034  # SUBMITTING: read by parse_args, through its name
-  BATCH_JOB=0 SUBMITTING=0 SBATCH_ARGS=()
+  BATCH_JOB=0 SUBMITTING=0 SBATCH_ARGS=() TIME_LIMIT_REACHED=0
   case ${1:-} in
     --rank-exec)
       shift
@@ -248,6 +248,7 @@ main() {
     --batch-job)
       shift
       BATCH_JOB=1
+      trap_time_limit # launcher/sbatch.sh: from the start, or SLURM's USR1 would end this script
       SRUNSH_RUN_ID=${SRUNSH_RUN_ID:-${SLURM_JOB_ID:?--batch-job runs only as the batch script of srun.sh --sbatch}}
       ;;
   esac
@@ -282,9 +283,10 @@ main() {
   trap_stop_signals
   ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
   local status=0
-  launch_watched "${LAUNCH_CMD[@]}" || status=$? # launcher/hang.sh
+  # No training once a batch job's time limit is near (launcher/sbatch.sh); the watched launch (launcher/hang.sh).
+  if time_left_to_train; then launch_watched "${LAUNCH_CMD[@]}" || status=$?; fi
   [[ -z $STOPPED_BY ]] || exit $((128 + $(kill -l "$STOPPED_BY")))
-  if [[ -n $HUNG ]]; then
+  if [[ -n ${HUNG:-} ]]; then
     status=124 # the hang watch stopped the ranks, and the hang report said why
   elif ((status && INPROCESS)) && python3 "$REPO_DIR/launcher/inprocess.py" --outcome "$HOST_RUN_DIR"; then
     status=0 # training completed on the ranks that replaced a failed one, which launcher/inprocess.py named

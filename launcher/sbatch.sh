@@ -6,9 +6,7 @@
 # The job's script: sbatch copies it into SLURM's spool, so it names this checkout's srun.sh by its full path.
 batch_script() {
   printf '#!/usr/bin/env bash\n# srun.sh --sbatch: one run that saves before its time limit and requeues itself.\n'
-  printf 'exec %q --batch-job' "$REPO_DIR/srun.sh"
-  printf ' %q' "$@"
-  printf '\n'
+  printf 'exec %q --batch-job%s\n' "$REPO_DIR/srun.sh" "$(printf ' %q' "$@")"
 }
 
 submit_batch() {
@@ -52,23 +50,36 @@ submit_batch() {
   exit 0
 }
 
-# SLURM signals USR1 SRUNSH_SAVE_LEAD_S before the time limit (sbatch --signal=B:USR1@SRUNSH_SAVE_LEAD_S).
+# SLURM signals USR1 SRUNSH_SAVE_LEAD_S before the time limit (sbatch --signal=B:USR1@SRUNSH_SAVE_LEAD_S), or up to
+# a minute earlier (slurmctld looks at time limits every 30 s): it may come before training starts.
 trap_time_limit() {
-  TIME_LIMIT_REACHED=0
+  TRAINING_STARTED=0
   trap save_before_time_limit USR1
 }
 
+# Right before the training launch: false once the time limit is near (USR1 came during the health check or before
+# it), and no training starts; from here on USR1 stops the ranks.
+time_left_to_train() {
+  TRAINING_STARTED=1 # first, so that a USR1 from now on is either seen below or stops the launch
+  ((!TIME_LIMIT_REACHED)) || TRAINING_STARTED=0
+  ((TRAINING_STARTED))
+}
+
 # The batch job is SRUNSH_SAVE_LEAD_S from its time limit (sbatch --signal=B:USR1): every rank gets SIGTERM, on which
-# Megatron Bridge saves a checkpoint and stops; the job then requeues itself.
+# Megatron Bridge saves a checkpoint and stops; the job then requeues itself. Before training, the health check
+# runs to its verdict (a stopped one would judge no node) and the job then requeues itself untrained.
 # shellcheck disable=SC2329  # invoked by the trap that trap_time_limit sets
 save_before_time_limit() {
   TIME_LIMIT_REACHED=1
+  if ((!TRAINING_STARTED)); then
+    echo "srun.sh: job $SLURM_JOB_ID reaches its time limit in ${SRUNSH_SAVE_LEAD_S}s before training started:" \
+      "it starts no training and requeues itself" >&2
+    return 0
+  fi
   echo "srun.sh: job $SLURM_JOB_ID reaches its time limit in ${SRUNSH_SAVE_LEAD_S}s:" \
     "SIGTERM to every rank to save and stop" >&2
   collect_hang_report "the job's time limit is ${SRUNSH_SAVE_LEAD_S}s away" # launcher/hang.sh
-  local step
-  step=$(launch_step)
-  [[ -z $step ]] || scancel --signal=TERM "$step" || true
+  stop_ranks --to-save # launcher/supervise.sh
 }
 
 # After the launch of a --sbatch job: requeue it when it stopped for its time limit, or failed with retries left;
@@ -76,8 +87,10 @@ save_before_time_limit() {
 # SLURM requeues a preempted job itself. REASON, if given, says how it failed. Returns 0 once it is requeued.
 requeue_batch_job() {
   local status=$1 history=$HOST_RUN_DIR/logs/requeues.log reason failures
-  if ((TIME_LIMIT_REACHED)); then
+  if ((TIME_LIMIT_REACHED && TRAINING_STARTED)); then
     reason="saved before the time limit (exit status $status)"
+  elif ((TIME_LIMIT_REACHED)); then
+    reason=${2:-"its time limit came before training started"}
   elif ((status)) && [[ -z $STOPPED_BY ]]; then
     failures=$(grep -c ': failed ' "$history" 2>/dev/null) || true
     if ((${failures:-0} >= SRUNSH_MAX_RETRIES)); then

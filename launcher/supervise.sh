@@ -31,7 +31,8 @@ stop_launch() {
   stop_ranks
 }
 
-# SIGTERM to every rank, SIGKILL to what is left after the grace period (the cluster's KillWait; torchrun's 30 s).
+# SIGTERM to every rank, SIGKILL to what is left after the grace period (the cluster's KillWait; torchrun's 30 s);
+# --to-save: no SIGKILL, the ranks save a checkpoint before the time limit (SLURM kills what is left at the limit).
 stop_ranks() {
   local step
   ((LOCAL)) || step=$(launch_step)
@@ -41,6 +42,7 @@ stop_ranks() {
     return 0 # a bare return in a trap would return the status of the wait it interrupted
   fi
   scancel --signal=TERM "$step" || true
+  [[ ${1:-} != --to-save ]] || return 0
   local grace
   grace=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 + 0 }') || true
   local deadline=$((SECONDS + ${grace:-30}))
@@ -64,7 +66,6 @@ trap_stop_signals() {
     # shellcheck disable=SC2064  # the signal's name is fixed now, on purpose
     trap "stop_launch $signal" "$signal"
   done
-  ((!BATCH_JOB)) || trap_time_limit
   trap remove_launch_container EXIT # launcher/container.sh
 }
 

@@ -269,7 +269,7 @@ KillWait=5
 InactiveLimit=0
 MessageTimeout=20
 MinJobAge=2
-SchedulerParameters=bf_interval=1
+SchedulerParameters=bf_interval=1,sched_interval=2
 {nodes}
 PartitionName=gpu Nodes={span} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
 PartitionName=shared Nodes={span} MaxTime=INFINITE State=UP

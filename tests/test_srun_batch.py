@@ -75,14 +75,17 @@ def test_submitted_job_runs_the_launch_as_run_job_id_and_says_where_its_outputs_
 
 
 def test_time_limit_ends_in_a_save_and_a_requeue_that_resumes(slurm_world: SrunWorld):
-    job = submit(slurm_world, *ONE_NODE, "--time=1", env={**CHECKPOINTS, "SRUNSH_SAVE_LEAD_S": "45"})
+    # SLURM's own USR1: slurmctld looks at time limits every 30 s and signals at the first look that finds the job
+    # within SAVE_LEAD_S + 30 s of its end, so a 1-minute job with 15 s gets it 15-45 s after each start: after the
+    # first run's training started, and never before the resumed run (a few seconds of work) has ended.
+    job = submit(slurm_world, *ONE_NODE, "--time=1", env={**CHECKPOINTS, "SRUNSH_SAVE_LEAD_S": "15"})
     wait_job_ended(slurm_world, job, timeout=240)
 
     (record,) = slurm_world.records().values()
     assert restart_of(record) == "1"
     assert record["resumed_from"] == f"run={job} restart=0 saved at SIGTERM"
     log = batch_log(slurm_world, job)
-    assert "reaches its time limit in 45s" in log
+    assert "reaches its time limit in 15s" in log
     assert "saved before the time limit (exit status 0): requeueing job" in log
     history = (slurm_world.dir / "outputs" / "recipe" / job / "logs" / "requeues.log").read_text()
     assert len(history.splitlines()) == 1 and "restart 0: saved before the time limit" in history

@@ -156,7 +156,7 @@ ENDINGS = {
     "a failed rank": ({"FAKE_FAIL_RANK": "1", "FAKE_FAIL_EXIT": "3"}, 3),
     "a stall": ({"FAKE_STEPS": "50", "FAKE_STUCK": "1:python@3", "SRUNSH_HANG_TIMEOUT_S": "3"}, 124),
     "a failed health check": (
-        {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_HEALTH_HANG": "3", "SRUNSH_HEALTH_TIMEOUT_S": "4"},
+        {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_HEALTH_HANG": "3", "SRUNSH_HEALTH_TIMEOUT_S": "8"},
         1,
     ),
 }
@@ -184,22 +184,59 @@ def test_the_launch_container_is_gone_from_every_node_after_sigterm(nodes: Nodes
     assert_one_container_for_both_steps(nodes)
 
 
-def test_a_batch_job_removes_each_launchs_container_before_it_requeues_at_its_time_limit(nodes: Nodes):
-    env = nodes.env(
-        SRUNSH_HEALTH="1", FAKE_CHECKPOINT="1", FAKE_SLEEP="300", FAKE_SLEEP_RESUMED="0", SRUNSH_SAVE_LEAD_S="45"
-    )
+# SLURM's USR1 at a batch job's time limit (sbatch --signal=B:USR1@SRUNSH_SAVE_LEAD_S), sent by the test once the
+# job is where it should land: slurmctld sends it up to a minute early, at a moment of its own 30 s clock, which on a
+# 1-minute job may fall anywhere (tests/test_srun_batch.py has SLURM send it). In training, the ranks save and the
+# job requeues; before training (the health check then runs to its verdict), the job requeues untrained.
+TIME_LIMIT_AT = {
+    "training": {"FAKE_SLEEP": "300", "FAKE_SLEEP_RESUMED": "0"},
+    "the health check": {},
+}
+
+
+def time_limit_signal_when(nodes: Nodes, job: str, when: str) -> None:
+    """USR1 to the batch script alone, as SLURM's B: signal, once the job's first run is in training or in its
+    health check."""
+    if when == "training":
+        nodes.world.wait_for_ranks(len(NODES), timeout=90)
+    else:
+        deadline = time.monotonic() + 90
+        while sum("health_check" in call for call in nodes.world.calls()) < len(NODES):
+            assert time.monotonic() < deadline, nodes.all_events()
+            time.sleep(0.2)
+    signalled = nodes.world.on_login_node(["scancel", "--batch", "--signal=USR1", job])
+    assert signalled.returncode == 0, signalled.stderr
+
+
+@pytest.mark.parametrize("when", TIME_LIMIT_AT)
+def test_a_batch_job_removes_each_launchs_container_before_it_requeues_at_its_time_limit(nodes: Nodes, when: str):
+    env = nodes.env(SRUNSH_HEALTH="1", FAKE_CHECKPOINT="1", SRUNSH_SAVE_LEAD_S="45", **TIME_LIMIT_AT[when])
     submitted = nodes.world.on_login_node(
-        [str(SRUN_SH), "--sbatch", *SHARED[1:], "--time=1", "--", "recipe.py"], env=env
+        [str(SRUN_SH), "--sbatch", *SHARED[1:], "--time=10", "--", "recipe.py"], env=env
     )
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.split()[4].rstrip(":")
-    deadline = time.monotonic() + 240
+    time_limit_signal_when(nodes, job, when)
+    deadline = time.monotonic() + 180
     while nodes.world.on_login_node(["squeue", "--noheader", "--jobs", job]).stdout.strip():
         assert time.monotonic() < deadline, nodes.all_events()
         time.sleep(1)
 
     log = (nodes.world.dir / "outputs" / "recipe" / f"slurm-{job}.out").read_text()
-    assert "saved before the time limit (exit status 0): requeueing job" in log
+    first_run, second_run = log.split("# srun.sh: knobs from the environment:")[1:]
+    records = nodes.world.records()
+    assert sorted(records) == [0, 1]
+    assert {record["env"]["SLURM_RESTART_COUNT"] for record in records.values()} == {"1"}
+    if when == "training":
+        assert "saved before the time limit (exit status 0): requeueing job" in first_run, log
+        assert {record["resumed_from"] for record in records.values()} == {f"run={job} restart=0 saved at SIGTERM"}
+    else:
+        signal_at = first_run.index("reaches its time limit in 45s before training started")
+        assert signal_at < first_run.index("srun.sh: health check passed on all 2 node(s)"), log
+        assert "its time limit came before training started: requeueing job" in first_run, log
+        assert "rank 0 started" not in first_run, log
+        assert {record["resumed_from"] for record in records.values()} == {None}  # the first run saved nothing
+    assert "rank 0 started" in second_run and "requeueing" not in second_run, log
     for node in NODES:
         events = nodes.events(node)
         first, second = nodes.created(node)  # one a launch: the job's first run and its requeue

@@ -3,8 +3,11 @@ whole process tree while another runs; an arm of the next block waits at its con
 stopped with its TensorBoard events flushed; a failing arm cuts its block and nothing else. Then bench/per_step.py
 reads the ratios back from the event files the stand-ins wrote."""
 
+import fcntl
 import math
+import struct
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -149,6 +152,11 @@ def test_an_arm_that_does_not_warm_up_fails_at_the_plans_deadline_not_the_warm_u
     assert record["arms"]["S"]["failure"]["why"] == "logged 0 of 2 warm-up steps by the plan's deadline"
 
 
+def unread(fd: int) -> int:
+    """Bytes written to the pipe `fd` reads from that nobody has read yet."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
 def state(process: psutil.Process) -> str | None:
     try:
         return process.status()
@@ -174,13 +182,22 @@ def test_a_real_srun_sh_launch_is_paused_whole_and_leaves_nothing(tmp_path: Path
     live.pause()
     assert not live.ended and live.paused, "".join(text for _, text in live.launch.lines[-5:])
     tree = launches.process_tree(live.launch.process.pid)
-    assert len(tree) >= 3 and {state(process) for process in tree} == {psutil.STATUS_STOPPED}  # srun.sh, torchrun, ...
-    time.sleep(1.0)
-    runner.pump()  # what was in the pipes when it stopped (its stderr lines come by another path than its stdout's)
+    assert len(tree) >= 3  # srun.sh, torchrun, ...
+    # SIGSTOP takes effect when each process next runs, which on a loaded machine may be a while after kill().
+    stopped = time.monotonic() + 10
+    while {state(process) for process in tree} != {psutil.STATUS_STOPPED} and time.monotonic() < stopped:
+        time.sleep(0.05)
+    assert {state(process) for process in tree} == {psutil.STATUS_STOPPED}
+    console = live.launch.process.stdout.fileno()
+    drained = time.monotonic() + 10
+    while unread(console) and time.monotonic() < drained:  # what was in the pipe when it stopped
+        time.sleep(0.05)
+    time.sleep(0.5)  # the reader thread queues the lines it has read
+    runner.pump()
     heard = len(live.launch.lines)
     time.sleep(1.5)
     runner.pump()
-    assert live.launch.lines[heard:] == []
+    assert unread(console) == 0 and live.launch.lines[heard:] == []  # nothing written while it was paused
     live.resume()
     while len(live.launch.lines) == heard and not live.ended and time.monotonic() < deadline:
         runner.pump(warming=["ours"])  # as when its block comes: paused again only once warmed up
