@@ -901,3 +901,141 @@ def test_process_groups_are_read_by_name_with_their_members_status_and_entries_a
         {"nccl:all_gather": [2]},
     )
     assert found.name() == "nccl:all_gather #4 of process group tp (ranks 2-3)"
+
+
+def report_main(run_dir: Path, monkeypatch, *flags: str) -> int:
+    """hang_report.main for a job of two ranks, one on each of nodes a and b, as launcher/hang.sh calls it."""
+    argv = [str(run_dir), "--why", "srun.sh got SIGTERM", "--world-size", "2", "--nodes", "a,b", "--ranks-per-node", "1"]
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", *argv, *flags])
+    return hang_report.main()
+
+
+def test_a_report_before_any_rank_registered_reads_the_watch_and_the_step_record_and_no_earlier_stacks(
+    tmp_path, monkeypatch, capsys
+):
+    """A stop so early that no rank has started its hang handler: the report still comes, with the hang watch's
+    limit (watch.json), rank 0's step record (progress.json) and no stacks an earlier report left."""
+    run_dir = tmp_path / "runs" / "r1"  # not made yet: the report makes RUN_DIR/hang
+    report = run_dir / "hang-report.txt"
+
+    assert report_main(run_dir, monkeypatch, "--local") == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "srun.sh: hang report (srun.sh got SIGTERM): stopped during start-up: no training step had completed;"
+        " nothing is blamed (a stop is not a stall)",
+        "srun.sh:   an ordinary stop: 0 of 2 ranks answered; the hang watch is off, so nothing counts as a stall",
+        f"srun.sh:   every rank's top frames and torch's analysis: {report}",
+    ]
+    assert "  ranks 0-1 on a, b: no stacks\n" in report.read_text()
+
+    hang = run_dir / "hang"
+    hang_watch.write_limit(hang, time.time() - 40.0, 1200.0)
+    (hang / "stacks-rank-0.txt").write_text('Thread 0x10 (most recent call first):\n  File "old.py", line 1 in f\n')
+    assert report_main(run_dir, monkeypatch, "--local") == 0
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "srun.sh: hang report (srun.sh got SIGTERM): stopped during start-up: no training step had completed,"
+        " 40 s after the launch; nothing is blamed (a stop is not a stall)",
+        "srun.sh:   an ordinary stop: 0 of 2 ranks answered; the hang watch would call it a stall after 1200 s",
+    ]
+    assert "  ranks 0-1 on a, b: no stacks\n" in report.read_text()  # the stacks were there before the request
+
+    (hang / "progress.json").write_text(json.dumps({"step": 5, "time": time.time() - 1.0, "longest_step_s": 2.0}))
+    assert report_main(run_dir, monkeypatch, "--local") == 0
+    first, second, _ = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"srun.sh: hang report \(srun.sh got SIGTERM\): training was progressing: last step 5,"
+                        r" 1\.\d\d s before the stop", first)  # fmt: skip
+    assert second == "srun.sh:   an ordinary stop: 0 of 2 ranks answered; the longest step so far took 2.00 s"
+
+    assert report_main(run_dir, monkeypatch, "--local", "--stalled") == 0
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "srun.sh: hang report (srun.sh got SIGTERM): hang at start: 2 rank(s) never joined torch.distributed",
+        "srun.sh:   never joined: rank 0 on a: no answer: it had not started entrypoint.py's hang handler; rank 1 on b:"
+        " no answer: it had not started entrypoint.py's hang handler",
+    ]
+
+
+@pytest.mark.parametrize("left_out", ["--why", "--world-size", "--nodes", "--ranks-per-node", "--step"])
+def test_a_call_without_a_required_argument_is_refused_and_writes_no_report(left_out, tmp_path, monkeypatch, capsys):
+    """The arguments launcher/hang.sh always passes (the usage in the module's docstring), one left out each time."""
+    argv = ["--why", "x", "--world-size", "2", "--nodes", "a,b", "--ranks-per-node", "1", "--step", "42.0"]
+    at = argv.index(left_out)
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", str(tmp_path), *argv[:at], *argv[at + 2 :]])
+
+    with pytest.raises(SystemExit) as refused:
+        hang_report.main()
+
+    assert refused.value.code == 2
+    needed = "one of the arguments --step --local is required" if left_out == "--step" else left_out
+    assert needed in capsys.readouterr().err
+    assert not (tmp_path / "hang-report.txt").exists()
+
+
+def test_help_shows_the_documented_usage_as_written_and_says_what_each_option_does(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", "--help"])
+
+    with pytest.raises(SystemExit):
+        hang_report.main()
+
+    out = capsys.readouterr().out
+    usage = [line for line in hang_report.__doc__.splitlines() if "python3 launcher/hang_report.py" in line]
+    assert usage and usage[0] in out.splitlines()  # the docstring's own line breaks and indentation
+    said = {line.split()[0]: line for line in out.splitlines() if line.startswith("  --")}
+    assert "scancel --signal=USR2" in said["--step"]  # as the docstring says --step and --local do
+    assert "registered pids" in said["--local"]
+    assert "comma-separated" in said["--nodes"]
+    assert "hang watch" in said["--stalled"]
+
+
+def test_the_report_reads_the_hang_watchs_limit_and_how_long_since_the_launch(tmp_path: Path):
+    assert hang_report.read_watch(tmp_path, 1045.0) is None  # the watch is off
+    hang_watch.write_limit(tmp_path, 1000.0, 30.0)
+
+    assert hang_report.read_watch(tmp_path, 1045.0) == {"launched": 1000.0, "limit_s": 30.0, "since_s": 45.0}
+
+
+def test_earlier_answers_and_flight_recorder_records_are_forgotten_and_nothing_else(tmp_path: Path):
+    hang_report.forget_earlier_answers(tmp_path)  # no fr/ yet: nothing to do
+    kept = ["rank-0.json", "rank-12.json", "stacks-rank-0.txt", "progress.json", "watch.json"]
+    gone = ["answer-rank-0.json", "answer-rank-12.json", "fr/rank-0", "fr/rank-12"]
+    (tmp_path / "fr").mkdir()
+    for name in kept + gone:
+        (tmp_path / name).write_text("{}")
+
+    hang_report.forget_earlier_answers(tmp_path)
+
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(kept)
+
+
+def test_the_frames_name_a_lone_ranks_last_step_and_keep_ended_ranks_apart_and_at_most_four_hosts():
+    frames = ["step (/x/train.py:9)"]
+    ranks = {n: Rank(n, f"h{n}", frames=frames) for n in range(4)}
+    ranks[4] = Rank(4, "h4", frames=frames, ended="it had ended, with exit status 1")
+    ranks[5] = Rank(5, "h5", registered={"pid": 7}, answer={"last_step": 12})
+
+    assert hang_report.frames_by_rank(ranks) == [
+        "  rank 4 on h4: it had ended, with exit status 1",
+        "      step (train.py:9)",
+        "  rank 5 on h5 (pid 7), last step 12: no stacks",
+        "  ranks 0-3 on h0, h1, h2, h3",
+        "      step (train.py:9)",
+    ]
+    ranks[4].ended = None
+    assert hang_report.frames_by_rank(ranks)[-2:] == ["  ranks 0-4 on h0, h1, h2, h3 ...", "      step (train.py:9)"]
+    assert Rank(0, "h").last_step() == "" and Rank(0, "h", answer={"last_step": 3}).last_step() == ", last step 3"
+
+
+def test_waiting_for_answers_ends_at_once_when_all_came_and_counts_any_stacks_of_a_rank_without_earlier_ones(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(hang_report, "STACKS_GRACE_S", 0.2)
+    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 4.0)
+    (tmp_path / "answer-rank-0.json").write_text("{}")
+    started = time.monotonic()
+    hang_report.wait_for_answers(tmp_path, {0}, {})
+    assert time.monotonic() - started < 2.0
+
+    (tmp_path / "stacks-rank-1.txt").write_text("x")  # one byte, and none before the request
+    pending = {1}
+    started = time.monotonic()
+    hang_report.wait_for_answers(tmp_path, pending, {})
+    assert pending == set() and time.monotonic() - started < 3.0
