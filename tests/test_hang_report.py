@@ -905,7 +905,8 @@ def test_process_groups_are_read_by_name_with_their_members_status_and_entries_a
 
 def report_main(run_dir: Path, monkeypatch, *flags: str) -> int:
     """hang_report.main for a job of two ranks, one on each of nodes a and b, as launcher/hang.sh calls it."""
-    argv = [str(run_dir), "--why", "srun.sh got SIGTERM", "--world-size", "2", "--nodes", "a,b", "--ranks-per-node", "1"]
+    argv = [str(run_dir), "--why", "srun.sh got SIGTERM", "--world-size", "2", "--nodes", "a,b"]
+    argv += ["--ranks-per-node", "1"]
     monkeypatch.setattr(sys, "argv", ["hang_report.py", *argv, *flags])
     return hang_report.main()
 
