@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import health_report
+from launcher import health, health_report
 from launcher.health import RETEST_CYCLES, best_pairs, pair_rounds, retest_plan
 from launcher.health_report import Layout, Run
 
@@ -743,3 +743,22 @@ def test_health_json_and_the_table_say_every_figure_and_verdict(four_nodes: Layo
     assert not any(line.startswith("job (") for line in lines)  # no job figures measured
     assert health_report.ranges([4, 0, 1, 5]) == "0,1,4,5" and health_report.ranges([3]) == "3"
     assert health_report.ranges([2, 3]) == "2-3"
+
+
+def test_a_member_still_at_the_start_is_named_with_its_stage_as_launcher_health_records_it(four_nodes, tmp_path):
+    """launcher/health.py's record of a rank in the rendezvous has no part yet (None) and the stage "rendezvous"."""
+    record = health.Record(tmp_path / "health" / "rank-2.json", {"rank": 2, "host": "b"})
+    record.stage("rendezvous")
+    records = healthy(four_nodes)
+    records[2] = json.loads((tmp_path / "health" / "rank-2.json").read_text())
+    del records[3]  # no record at all
+    for rank in (0, 1):
+        records[rank] |= {"part": "pair.0.all_reduce", "stage": "group", "group": [0, 1, 2, 3], "finished": False}
+
+    nodes, job = judged(four_nodes, records, "deadline", late=[0, 1], tmp_path=tmp_path)
+
+    assert (nodes["a"].verdict, nodes["b"].verdict, job) == ("blocked", "hang", "")
+    assert nodes["b"].reasons[:2] == [
+        "rank 2 never reached pair round 0 all-reduce: still at the start (rendezvous)",
+        "rank 3 never reached pair round 0 all-reduce: no record: it never started",
+    ]
