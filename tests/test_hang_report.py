@@ -1040,3 +1040,93 @@ def test_waiting_for_answers_ends_at_once_when_all_came_and_counts_any_stacks_of
     started = time.monotonic()
     hang_report.wait_for_answers(tmp_path, pending, {})
     assert pending == set() and time.monotonic() - started < 3.0
+
+
+def test_the_collective_line_names_the_op_most_ranks_are_in_and_lists_each_op_by_how_many_are_in_it():
+    """Ranks of one group in different collectives at one sequence number (a program whose ranks took different
+    branches): the name is the majority's op, and the lines go from the most ranks to the fewest."""
+    ops = ["nccl:all_gather", "nccl:broadcast", "nccl:broadcast", "nccl:broadcast", "nccl:reduce_scatter"]
+    ranks = ranks_with({n: dump([entry("0", 3, "started", op=op)], {"0": (3, 2)}, "[0, 1, 2, 3, 4]")
+                        for n, op in enumerate(ops)})  # fmt: skip
+
+    (found,) = hang_report.collectives(ranks, 5)
+
+    assert hang_report.collective_lines([found]) == [
+        "  nccl:broadcast #3 of process group 0 (default_pg, ranks 0-4), sizes [[1024]]",
+        "    in nccl:broadcast: ranks 1-3",
+        "    in nccl:all_gather: ranks 0",
+        "    in nccl:reduce_scatter: ranks 4",
+    ]
+
+
+def test_a_member_ahead_that_completed_it_is_neither_waiting_nor_outside_and_bigger_stalls_come_first():
+    """NCCL completes a collective per rank: a broadcast's root may be done while the others wait."""
+    ahead = dump([entry("0", 6, "completed")], {"0": (6, 6)})
+    stuck = dump([entry("0", 6, "started"), entry("1", 2, "started", pg_id=1)], {"0": (6, 5), "1": (2, 1)})
+    stuck["pg_config"]["1"] = {"ranks": "[0, 1]"}
+    ranks = ranks_with({0: stuck, 1: stuck, 2: ahead, 3: ahead})
+
+    found = hang_report.collectives(ranks, 4)
+
+    assert [(c.group, c.waiting(), c.outside()) for c in found] == [("0", [0, 1], []), ("1", [0, 1], [])]
+    waiting_all = dump([entry("0", 6, "started"), entry("1", 2, "started", pg_id=1)], {"0": (6, 5), "1": (2, 1)})
+    waiting_all["pg_config"]["1"] = {"ranks": "[0, 1]"}
+    ranks = ranks_with({n: waiting_all for n in range(4)})
+    assert [c.group for c in hang_report.collectives(ranks, 4)] == ["0", "1"]  # 4 ranks wait in 0, 2 in 1
+
+
+def test_members_and_their_place_come_from_any_rank_that_knows_the_group(monkeypatch):
+    """The default group without a pg_config is the whole job; a member whose records lack a group it belongs to
+    (it has not created it yet) is behind it; a rank whose buffer no longer holds the entry still waits in it."""
+    no_config = dump([entry("0", 2, "started")], {"0": (2, 1)})
+    del no_config["pg_config"]
+    ranks = ranks_with({0: no_config, 1: no_config})
+
+    (found,) = hang_report.collectives(ranks, 3)
+
+    assert (found.members, found.silent) == ([0, 1, 2], [2])
+    tp = dump([entry("tp", 3, "started", pg_id=7)], {"7": (3, 2)})
+    tp["pg_config"] = {"tp": {"ranks": "[0, 1]"}}
+    ranks = ranks_with({0: tp, 1: dump([], {})})
+
+    (found,) = hang_report.collectives(ranks, 2)
+
+    assert (found.group, found.seq, found.behind, found.ops) == ("tp", 1, [1], {})
+    wrapped = dump([entry("0", 1, "completed")], {"0": (2, 1)}, ranks="[0]")  # entry 2 overwritten in the buffer
+    (found,) = hang_report.collectives(ranks_with({0: wrapped}), 1)
+    assert (found.ops, hang_report.collective_lines([found])[0]) == (
+        {"a collective": [0]},
+        "  a collective #2 of process group 0 (default_pg, ranks 0), sizes ?",
+    )
+
+
+def test_a_collective_was_entered_as_long_before_the_request_as_its_earliest_waiting_rank_says():
+    created_s = 1_796_000_000.0  # the ranks' clocks, in time.time() seconds
+    ranks = {}
+    for n, ago in enumerate([50.0, 10.0]):
+        record = dump([entry("0", 2, "started") | {"time_created_ns": int(created_s * 1e9)}], {"0": (2, 1)}, "[0, 1]")
+        ranks[n] = Rank(n, "h", dump=record, answer={"time": created_s + ago})
+    ranks[1].answer = None  # its answer did not come: its clock says nothing
+
+    (found,) = hang_report.collectives(ranks, 2)
+
+    assert found.entered_s == pytest.approx(50.0, abs=0.01)
+    ranks[1].answer = {"time": created_s + 10.0}
+    assert hang_report.collectives(ranks, 2)[0].entered_s == pytest.approx(50.0, abs=0.01)
+
+
+def test_a_collective_its_root_completed_while_the_other_member_never_entered_it_is_reported():
+    """A broadcast's root may complete it before the others receive: rank 1 completed #6 and waits in #7, rank 0
+    never entered #6. The report names rank 0 (it used to fail on the collective that no rank waits in)."""
+    behind = dump([entry("0", 5, "completed")], {"0": (5, 5)}, ranks="[0, 1]")
+    root = dump([entry("0", 6, "completed", op="nccl:broadcast"), entry("0", 7, "started")], {"0": (7, 6)}, "[0, 1]")
+    ranks = ranks_with({0: behind, 1: root})
+
+    (found,) = hang_report.collectives(ranks, 2)
+
+    assert (found.seq, found.ops, found.behind) == (6, {}, [0])
+    assert hang_report.summary(ranks, [found], "why", Path("/r"))[:2] == [
+        "srun.sh: hang report (why): no rank waits in a collective #6 of process group 0 (default_pg, ranks 0-1);"
+        " 1 rank(s) not in it",
+        "srun.sh:   not in it: rank 0 on node1 (pid 100): at x (y.py:1)",
+    ]
