@@ -762,3 +762,27 @@ def test_a_member_still_at_the_start_is_named_with_its_stage_as_launcher_health_
         "rank 2 never reached pair round 0 all-reduce: still at the start (rendezvous)",
         "rank 3 never reached pair round 0 all-reduce: no record: it never started",
     ]
+
+
+def test_on_one_node_a_start_hang_is_the_jobs_and_a_hang_in_its_own_collective_is_the_nodes(tmp_path):
+    """With one node there is no node outside the group to tell which is at fault, except in the node's own parts."""
+    layout = Layout(["a"], 2)
+    records = healthy(layout)
+    for record in records.values():
+        record |= {"part": None, "stage": "rendezvous", "group": None, "finished": False, "results": {}}
+
+    nodes, job = judged(layout, records, "deadline", late=[0, 1], tmp_path=tmp_path)
+
+    assert not nodes["a"].failed
+    assert job == (
+        "the start (torch import, rendezvous) did not finish within 180 s (ranks 0-1): every rank was in it, and no"
+        " node outside it tells which one is at fault"
+    )
+    records = healthy(layout)
+    for record in records.values():
+        record |= {"part": "node.all_reduce", "stage": "running", "group": [0, 1], "finished": False}
+
+    nodes, job = judged(layout, records, "deadline", late=[0, 1], tmp_path=tmp_path)
+
+    assert (nodes["a"].verdict, job) == ("hang", "")
+    assert nodes["a"].reasons[0] == "node all-reduce did not finish within 60 s (ranks 0-1)"
