@@ -1130,3 +1130,40 @@ def test_a_collective_its_root_completed_while_the_other_member_never_entered_it
         " 1 rank(s) not in it",
         "srun.sh:   not in it: rank 0 on node1 (pid 100): at x (y.py:1)",
     ]
+
+
+def test_the_findings_without_a_collective_say_which_steps_the_ranks_were_at_and_who_answered():
+    joined = {"distributed": True}
+    ranks = {
+        0: Rank(0, "h", answer=joined | {"last_step": 3}, frames=["a (x.py:1)"]),
+        1: Rank(1, "h", answer=joined | {"last_step": 4}),  # its answer, not its stacks
+        2: Rank(2, "h", answer=joined | {"last_step": 5}),
+        3: Rank(3, "h", frames=["b (x.py:2)"], answer=joined),  # no step yet
+    }
+    head = "srun.sh: hang report (why):"
+
+    assert hang_report.findings(ranks, [], head) == [
+        f"{head} no rank waits in a collective that another rank is not in; 4 of 4 answered, at steps 3-5",
+        "srun.sh:   rank 0 on h: at a (x.py:1)",
+    ]
+    ranks = {0: Rank(0, "h", answer=joined), 1: Rank(1, "h", answer=joined)}
+    assert hang_report.findings(ranks, [], head) == [
+        f"{head} no rank waits in a collective that another rank is not in; 2 of 2 answered",
+        "srun.sh:   no stacks came",
+    ]
+    teardown = ["destroy_process_group (/site/torch/distributed/distributed_c10d.py:2000)"]
+    ranks = {0: Rank(0, "h", answer={"distributed": False}, frames=teardown)}
+    assert hang_report.findings(ranks, [], head)[0] == (
+        f"{head} rank 0 hangs in torch.distributed's teardown: its log has the error that ended training"
+    )
+
+
+def test_every_member_in_it_on_its_gpu_is_said_with_how_to_see_the_transport():
+    started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1]")
+    ranks = ranks_with({0: started, 1: started})
+
+    second = hang_report.summary(ranks, hang_report.collectives(ranks, 2), "why", Path("/r"))[1]
+
+    assert second == (
+        "srun.sh:   every GPU is in it: suspect the network between node1 (NCCL_DEBUG=INFO shows the transport)"
+    )
