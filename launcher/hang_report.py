@@ -106,7 +106,8 @@ class Collective:
         return sorted(self.behind + self.silent + self.unstarted)
 
     def name(self) -> str:
-        op = max(self.ops, key=lambda op: len(self.ops[op]))
+        # no op when every member either completed it or never entered it (a broadcast's root is done early)
+        op = max(self.ops, key=lambda op: len(self.ops[op]), default="a collective")
         label = f"{self.desc}, " if self.desc else ""
         return f"{op} #{self.seq} of process group {self.group} ({label}ranks {ranges(self.members)})"
 
@@ -524,8 +525,9 @@ def findings(ranks: dict[int, Rank], found: list[Collective], head: str) -> list
         first = found[0]
         outside = [ranks[n] for n in first.outside()]
         waiting = [n for n in first.waiting() if n not in first.unstarted]
+        who = ranks_phrase(waiting, "wait") if waiting else "no rank waits"
         lines = [
-            f"{head} {ranks_phrase(waiting, 'wait')} in {first.name()}; {len(outside)} rank(s) not in it",
+            f"{head} {who} in {first.name()}; {len(outside)} rank(s) not in it",
             f"srun.sh:   not in it: {ranks_list(outside, found)}",
         ]
     elif found:

@@ -404,9 +404,12 @@ def blame(late: list[int], records: dict[int, dict], layout: Layout, nodes: dict
             behind = [m for m in members if part_order(records.get(m, {}).get("part") or "start") < part_order(part)]
         for member in behind:
             where = records.get(member)
-            state = f"still in {describe(where.get('part') or 'start')}" if where else "no record: it never started"
-            if where and where.get("part") == "start":
+            if not where:
+                state = "no record: it never started"
+            elif (where.get("part") or "start") == "start":  # launcher/health.py's record has no part at the start
                 state = f"still at the start ({where.get('stage')})"
+            else:
+                state = f"still in {describe(where['part'])}"
             nodes[layout.host(member)].fail("hang", f"rank {member} never reached {describe(part)}: {state}")
         if behind:
             waited = deadline(part, timeout)

@@ -2,24 +2,6 @@
 # The launch's supervision in srun.sh: it runs the launch command (srun, or torchrun with --local), passes SIGINT,
 # SIGTERM and SIGHUP on to every rank as SIGTERM, and reports the first failure. Sourced by srun.sh.
 
-# The launcher's own account of the launch goes to RUN_DIR/logs/launcher.log: torchrun's log and failure report with
-# --local; srun's, slurmstepd's and pyxis's lines under SLURM. Of srun's, the per-task status lines, the cancellation
-# notices and pyxis's (one set a node) go there only: srun.sh reports the first failure, or the cause that pyxis or
-# SLURM gave, itself. srun's other lines (a step waiting for resources, an error creating it) reach the console too.
-# GNU sed -u passes each line on as it arrives (mawk, Debian's awk, holds a pipe's lines until its buffer fills).
-keep_launcher_notes() {
-  trap '' INT TERM
-  umask 077
-  if ((LOCAL)); then # torchrun's lines are the ones that are neither a rank's (labelled) nor srun.sh's
-    sed -u -E -e '/^([0-9]+|srun\.sh): /!{w /dev/stderr' -e 'd}' 2>>"$1"
-  else
-    local only='^(srun: error: [^ ]+: tasks? [0-9,-]+: (Exited with exit code [0-9]+|Terminated|Killed)$'
-    only+='|slurmstepd(-[^:]+)?: |srun: (launch/slurm: _step_signal: Terminating StepId|Job step aborted'
-    only+='|forcing job termination|Force Terminated|got SIGCONT|error: (pyxis|spank)))'
-    sed -u -E -e "\\#$only#{w /dev/stderr" -e 'd}' -e '/^srun: /w /dev/stderr' 2>>"$1"
-  fi
-}
-
 # SIGINT, SIGTERM or SIGHUP to srun.sh: the hang report, then every rank is stopped. Runs as a trap: srun.sh then
 # exits 128+N.
 # shellcheck disable=SC2329  # invoked by the traps that trap_stop_signals sets
@@ -85,7 +67,8 @@ launch() {
   local notes session=() status=0 log=$HOST_RUN_DIR/logs/launcher.log
   ((!LOCAL)) || session=(setsid)
   LAUNCHER_LOG_START=$(($(stat -c %s -- "$log" 2>/dev/null || echo 0) + 1)) # this launch's lines start here
-  exec {notes}> >(keep_launcher_notes "$log" >&2)
+  # srun's or torchrun's lines: to the console, the log, or both (launcher/launcher_notes.py); they outlive a SIGTERM.
+  exec {notes}> >(trap '' INT TERM && exec python3 "$REPO_DIR/launcher/launcher_notes.py" "$log" "$LOCAL" >&2)
   local notes_pid=$!
   "${session[@]}" "$@" 2>&"$notes" &
   LAUNCH_PID=$!

@@ -901,3 +901,269 @@ def test_process_groups_are_read_by_name_with_their_members_status_and_entries_a
         {"nccl:all_gather": [2]},
     )
     assert found.name() == "nccl:all_gather #4 of process group tp (ranks 2-3)"
+
+
+def report_main(run_dir: Path, monkeypatch, *flags: str) -> int:
+    """hang_report.main for a job of two ranks, one on each of nodes a and b, as launcher/hang.sh calls it."""
+    argv = [str(run_dir), "--why", "srun.sh got SIGTERM", "--world-size", "2", "--nodes", "a,b"]
+    argv += ["--ranks-per-node", "1"]
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", *argv, *flags])
+    return hang_report.main()
+
+
+def test_a_report_before_any_rank_registered_reads_the_watch_and_the_step_record_and_no_earlier_stacks(
+    tmp_path, monkeypatch, capsys
+):
+    """A stop so early that no rank has started its hang handler: the report still comes, with the hang watch's
+    limit (watch.json), rank 0's step record (progress.json) and no stacks an earlier report left."""
+    run_dir = tmp_path / "runs" / "r1"  # not made yet: the report makes RUN_DIR/hang
+    report = run_dir / "hang-report.txt"
+
+    assert report_main(run_dir, monkeypatch, "--local") == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "srun.sh: hang report (srun.sh got SIGTERM): stopped during start-up: no training step had completed;"
+        " nothing is blamed (a stop is not a stall)",
+        "srun.sh:   an ordinary stop: 0 of 2 ranks answered; the hang watch is off, so nothing counts as a stall",
+        f"srun.sh:   every rank's top frames and torch's analysis: {report}",
+    ]
+    assert "  ranks 0-1 on a, b: no stacks\n" in report.read_text()
+
+    hang = run_dir / "hang"
+    hang_watch.write_limit(hang, time.time() - 40.0, 1200.0)
+    (hang / "stacks-rank-0.txt").write_text('Thread 0x10 (most recent call first):\n  File "old.py", line 1 in f\n')
+    assert report_main(run_dir, monkeypatch, "--local") == 0
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "srun.sh: hang report (srun.sh got SIGTERM): stopped during start-up: no training step had completed,"
+        " 40 s after the launch; nothing is blamed (a stop is not a stall)",
+        "srun.sh:   an ordinary stop: 0 of 2 ranks answered; the hang watch would call it a stall after 1200 s",
+    ]
+    assert "  ranks 0-1 on a, b: no stacks\n" in report.read_text()  # the stacks were there before the request
+
+    (hang / "progress.json").write_text(json.dumps({"step": 5, "time": time.time() - 1.0, "longest_step_s": 2.0}))
+    assert report_main(run_dir, monkeypatch, "--local") == 0
+    first, second, _ = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"srun.sh: hang report \(srun.sh got SIGTERM\): training was progressing: last step 5,"
+                        r" 1\.\d\d s before the stop", first)  # fmt: skip
+    assert second == "srun.sh:   an ordinary stop: 0 of 2 ranks answered; the longest step so far took 2.00 s"
+
+    assert report_main(run_dir, monkeypatch, "--local", "--stalled") == 0
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "srun.sh: hang report (srun.sh got SIGTERM): hang at start: 2 rank(s) never joined torch.distributed",
+        "srun.sh:   never joined: rank 0 on a: no answer: it had not started entrypoint.py's hang handler; rank 1 on b:"
+        " no answer: it had not started entrypoint.py's hang handler",
+    ]
+
+
+@pytest.mark.parametrize("left_out", ["--why", "--world-size", "--nodes", "--ranks-per-node", "--step"])
+def test_a_call_without_a_required_argument_is_refused_and_writes_no_report(left_out, tmp_path, monkeypatch, capsys):
+    """The arguments launcher/hang.sh always passes (the usage in the module's docstring), one left out each time."""
+    argv = ["--why", "x", "--world-size", "2", "--nodes", "a,b", "--ranks-per-node", "1", "--step", "42.0"]
+    at = argv.index(left_out)
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", str(tmp_path), *argv[:at], *argv[at + 2 :]])
+
+    with pytest.raises(SystemExit) as refused:
+        hang_report.main()
+
+    assert refused.value.code == 2
+    needed = "one of the arguments --step --local is required" if left_out == "--step" else left_out
+    assert needed in capsys.readouterr().err
+    assert not (tmp_path / "hang-report.txt").exists()
+
+
+def test_help_shows_the_documented_usage_as_written_and_says_what_each_option_does(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", "--help"])
+
+    with pytest.raises(SystemExit):
+        hang_report.main()
+
+    out = capsys.readouterr().out
+    usage = [line for line in hang_report.__doc__.splitlines() if "python3 launcher/hang_report.py" in line]
+    assert usage and usage[0] in out.splitlines()  # the docstring's own line breaks and indentation
+    said = {line.split()[0]: line for line in out.splitlines() if line.startswith("  --")}
+    assert "scancel --signal=USR2" in said["--step"]  # as the docstring says --step and --local do
+    assert "registered pids" in said["--local"]
+    assert "comma-separated" in said["--nodes"]
+    assert "hang watch" in said["--stalled"]
+
+
+def test_the_report_reads_the_hang_watchs_limit_and_how_long_since_the_launch(tmp_path: Path):
+    assert hang_report.read_watch(tmp_path, 1045.0) is None  # the watch is off
+    hang_watch.write_limit(tmp_path, 1000.0, 30.0)
+
+    assert hang_report.read_watch(tmp_path, 1045.0) == {"launched": 1000.0, "limit_s": 30.0, "since_s": 45.0}
+
+
+def test_earlier_answers_and_flight_recorder_records_are_forgotten_and_nothing_else(tmp_path: Path):
+    hang_report.forget_earlier_answers(tmp_path)  # no fr/ yet: nothing to do
+    kept = ["rank-0.json", "rank-12.json", "stacks-rank-0.txt", "progress.json", "watch.json"]
+    gone = ["answer-rank-0.json", "answer-rank-12.json", "fr/rank-0", "fr/rank-12"]
+    (tmp_path / "fr").mkdir()
+    for name in kept + gone:
+        (tmp_path / name).write_text("{}")
+
+    hang_report.forget_earlier_answers(tmp_path)
+
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(kept)
+
+
+def test_the_frames_name_a_lone_ranks_last_step_and_keep_ended_ranks_apart_and_at_most_four_hosts():
+    frames = ["step (/x/train.py:9)"]
+    ranks = {n: Rank(n, f"h{n}", frames=frames) for n in range(4)}
+    ranks[4] = Rank(4, "h4", frames=frames, ended="it had ended, with exit status 1")
+    ranks[5] = Rank(5, "h5", registered={"pid": 7}, answer={"last_step": 12})
+
+    assert hang_report.frames_by_rank(ranks) == [
+        "  rank 4 on h4: it had ended, with exit status 1",
+        "      step (train.py:9)",
+        "  rank 5 on h5 (pid 7), last step 12: no stacks",
+        "  ranks 0-3 on h0, h1, h2, h3",
+        "      step (train.py:9)",
+    ]
+    ranks[4].ended = None
+    assert hang_report.frames_by_rank(ranks)[-2:] == ["  ranks 0-4 on h0, h1, h2, h3 ...", "      step (train.py:9)"]
+    assert Rank(0, "h").last_step() == "" and Rank(0, "h", answer={"last_step": 3}).last_step() == ", last step 3"
+
+
+def test_waiting_for_answers_ends_at_once_when_all_came_and_counts_any_stacks_of_a_rank_without_earlier_ones(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(hang_report, "STACKS_GRACE_S", 0.2)
+    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 4.0)
+    (tmp_path / "answer-rank-0.json").write_text("{}")
+    started = time.monotonic()
+    hang_report.wait_for_answers(tmp_path, {0}, {})
+    assert time.monotonic() - started < 2.0
+
+    (tmp_path / "stacks-rank-1.txt").write_text("x")  # one byte, and none before the request
+    pending = {1}
+    started = time.monotonic()
+    hang_report.wait_for_answers(tmp_path, pending, {})
+    assert pending == set() and time.monotonic() - started < 3.0
+
+
+def test_the_collective_line_names_the_op_most_ranks_are_in_and_lists_each_op_by_how_many_are_in_it():
+    """Ranks of one group in different collectives at one sequence number (a program whose ranks took different
+    branches): the name is the majority's op, and the lines go from the most ranks to the fewest."""
+    ops = ["nccl:all_gather", "nccl:broadcast", "nccl:broadcast", "nccl:broadcast", "nccl:reduce_scatter"]
+    ranks = ranks_with({n: dump([entry("0", 3, "started", op=op)], {"0": (3, 2)}, "[0, 1, 2, 3, 4]")
+                        for n, op in enumerate(ops)})  # fmt: skip
+
+    (found,) = hang_report.collectives(ranks, 5)
+
+    assert hang_report.collective_lines([found]) == [
+        "  nccl:broadcast #3 of process group 0 (default_pg, ranks 0-4), sizes [[1024]]",
+        "    in nccl:broadcast: ranks 1-3",
+        "    in nccl:all_gather: ranks 0",
+        "    in nccl:reduce_scatter: ranks 4",
+    ]
+
+
+def test_a_member_ahead_that_completed_it_is_neither_waiting_nor_outside_and_bigger_stalls_come_first():
+    """NCCL completes a collective per rank: a broadcast's root may be done while the others wait."""
+    ahead = dump([entry("0", 6, "completed")], {"0": (6, 6)})
+    stuck = dump([entry("0", 6, "started"), entry("1", 2, "started", pg_id=1)], {"0": (6, 5), "1": (2, 1)})
+    stuck["pg_config"]["1"] = {"ranks": "[0, 1]"}
+    ranks = ranks_with({0: stuck, 1: stuck, 2: ahead, 3: ahead})
+
+    found = hang_report.collectives(ranks, 4)
+
+    assert [(c.group, c.waiting(), c.outside()) for c in found] == [("0", [0, 1], []), ("1", [0, 1], [])]
+    waiting_all = dump([entry("0", 6, "started"), entry("1", 2, "started", pg_id=1)], {"0": (6, 5), "1": (2, 1)})
+    waiting_all["pg_config"]["1"] = {"ranks": "[0, 1]"}
+    ranks = ranks_with({n: waiting_all for n in range(4)})
+    assert [c.group for c in hang_report.collectives(ranks, 4)] == ["0", "1"]  # 4 ranks wait in 0, 2 in 1
+
+
+def test_members_and_their_place_come_from_any_rank_that_knows_the_group(monkeypatch):
+    """The default group without a pg_config is the whole job; a member whose records lack a group it belongs to
+    (it has not created it yet) is behind it; a rank whose buffer no longer holds the entry still waits in it."""
+    no_config = dump([entry("0", 2, "started")], {"0": (2, 1)})
+    del no_config["pg_config"]
+    ranks = ranks_with({0: no_config, 1: no_config})
+
+    (found,) = hang_report.collectives(ranks, 3)
+
+    assert (found.members, found.silent) == ([0, 1, 2], [2])
+    tp = dump([entry("tp", 3, "started", pg_id=7)], {"7": (3, 2)})
+    tp["pg_config"] = {"tp": {"ranks": "[0, 1]"}}
+    ranks = ranks_with({0: tp, 1: dump([], {})})
+
+    (found,) = hang_report.collectives(ranks, 2)
+
+    assert (found.group, found.seq, found.behind, found.ops) == ("tp", 1, [1], {})
+    wrapped = dump([entry("0", 1, "completed")], {"0": (2, 1)}, ranks="[0]")  # entry 2 overwritten in the buffer
+    (found,) = hang_report.collectives(ranks_with({0: wrapped}), 1)
+    assert (found.ops, hang_report.collective_lines([found])[0]) == (
+        {"a collective": [0]},
+        "  a collective #2 of process group 0 (default_pg, ranks 0), sizes ?",
+    )
+
+
+def test_a_collective_was_entered_as_long_before_the_request_as_its_earliest_waiting_rank_says():
+    created_s = 1_796_000_000.0  # the ranks' clocks, in time.time() seconds
+    ranks = {}
+    for n, ago in enumerate([50.0, 10.0]):
+        record = dump([entry("0", 2, "started") | {"time_created_ns": int(created_s * 1e9)}], {"0": (2, 1)}, "[0, 1]")
+        ranks[n] = Rank(n, "h", dump=record, answer={"time": created_s + ago})
+    ranks[1].answer = None  # its answer did not come: its clock says nothing
+
+    (found,) = hang_report.collectives(ranks, 2)
+
+    assert found.entered_s == pytest.approx(50.0, abs=0.01)
+    ranks[1].answer = {"time": created_s + 10.0}
+    assert hang_report.collectives(ranks, 2)[0].entered_s == pytest.approx(50.0, abs=0.01)
+
+
+def test_a_collective_its_root_completed_while_the_other_member_never_entered_it_is_reported():
+    """A broadcast's root may complete it before the others receive: rank 1 completed #6 and waits in #7, rank 0
+    never entered #6. The report names rank 0 (it used to fail on the collective that no rank waits in)."""
+    behind = dump([entry("0", 5, "completed")], {"0": (5, 5)}, ranks="[0, 1]")
+    root = dump([entry("0", 6, "completed", op="nccl:broadcast"), entry("0", 7, "started")], {"0": (7, 6)}, "[0, 1]")
+    ranks = ranks_with({0: behind, 1: root})
+
+    (found,) = hang_report.collectives(ranks, 2)
+
+    assert (found.seq, found.ops, found.behind) == (6, {}, [0])
+    assert hang_report.summary(ranks, [found], "why", Path("/r"))[:2] == [
+        "srun.sh: hang report (why): no rank waits in a collective #6 of process group 0 (default_pg, ranks 0-1);"
+        " 1 rank(s) not in it",
+        "srun.sh:   not in it: rank 0 on node1 (pid 100): at x (y.py:1)",
+    ]
+
+
+def test_the_findings_without_a_collective_say_which_steps_the_ranks_were_at_and_who_answered():
+    joined = {"distributed": True}
+    ranks = {
+        0: Rank(0, "h", answer=joined | {"last_step": 3}, frames=["a (x.py:1)"]),
+        1: Rank(1, "h", answer=joined | {"last_step": 4}),  # its answer, not its stacks
+        2: Rank(2, "h", answer=joined | {"last_step": 5}),
+        3: Rank(3, "h", frames=["b (x.py:2)"], answer=joined),  # no step yet
+    }
+    head = "srun.sh: hang report (why):"
+
+    assert hang_report.findings(ranks, [], head) == [
+        f"{head} no rank waits in a collective that another rank is not in; 4 of 4 answered, at steps 3-5",
+        "srun.sh:   rank 0 on h: at a (x.py:1)",
+    ]
+    ranks = {0: Rank(0, "h", answer=joined), 1: Rank(1, "h", answer=joined)}
+    assert hang_report.findings(ranks, [], head) == [
+        f"{head} no rank waits in a collective that another rank is not in; 2 of 2 answered",
+        "srun.sh:   no stacks came",
+    ]
+    teardown = ["destroy_process_group (/site/torch/distributed/distributed_c10d.py:2000)"]
+    ranks = {0: Rank(0, "h", answer={"distributed": False}, frames=teardown)}
+    assert hang_report.findings(ranks, [], head)[0] == (
+        f"{head} rank 0 hangs in torch.distributed's teardown: its log has the error that ended training"
+    )
+
+
+def test_every_member_in_it_on_its_gpu_is_said_with_how_to_see_the_transport():
+    started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1]")
+    ranks = ranks_with({0: started, 1: started})
+
+    second = hang_report.summary(ranks, hang_report.collectives(ranks, 2), "why", Path("/r"))[1]
+
+    assert second == (
+        "srun.sh:   every GPU is in it: suspect the network between node1 (NCCL_DEBUG=INFO shows the transport)"
+    )

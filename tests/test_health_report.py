@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import health_report
+from launcher import health, health_report
 from launcher.health import RETEST_CYCLES, best_pairs, pair_rounds, retest_plan
 from launcher.health_report import Layout, Run
 
@@ -743,3 +743,122 @@ def test_health_json_and_the_table_say_every_figure_and_verdict(four_nodes: Layo
     assert not any(line.startswith("job (") for line in lines)  # no job figures measured
     assert health_report.ranges([4, 0, 1, 5]) == "0,1,4,5" and health_report.ranges([3]) == "3"
     assert health_report.ranges([2, 3]) == "2-3"
+
+
+def test_a_member_still_at_the_start_is_named_with_its_stage_as_launcher_health_records_it(four_nodes, tmp_path):
+    """launcher/health.py's record of a rank in the rendezvous has no part yet (None) and the stage "rendezvous"."""
+    record = health.Record(tmp_path / "health" / "rank-2.json", {"rank": 2, "host": "b"})
+    record.stage("rendezvous")
+    records = healthy(four_nodes)
+    records[2] = json.loads((tmp_path / "health" / "rank-2.json").read_text())
+    del records[3]  # no record at all
+    for rank in (0, 1):
+        records[rank] |= {"part": "pair.0.all_reduce", "stage": "group", "group": [0, 1, 2, 3], "finished": False}
+
+    nodes, job = judged(four_nodes, records, "deadline", late=[0, 1], tmp_path=tmp_path)
+
+    assert (nodes["a"].verdict, nodes["b"].verdict, job) == ("blocked", "hang", "")
+    assert nodes["b"].reasons[:2] == [
+        "rank 2 never reached pair round 0 all-reduce: still at the start (rendezvous)",
+        "rank 3 never reached pair round 0 all-reduce: no record: it never started",
+    ]
+
+
+def test_on_one_node_a_start_hang_is_the_jobs_and_a_hang_in_its_own_collective_is_the_nodes(tmp_path):
+    """With one node there is no node outside the group to tell which is at fault, except in the node's own parts."""
+    layout = Layout(["a"], 2)
+    records = healthy(layout)
+    for record in records.values():
+        record |= {"part": None, "stage": "rendezvous", "group": None, "finished": False, "results": {}}
+
+    nodes, job = judged(layout, records, "deadline", late=[0, 1], tmp_path=tmp_path)
+
+    assert not nodes["a"].failed
+    assert job == (
+        "the start (torch import, rendezvous) did not finish within 180 s (ranks 0-1): every rank was in it, and no"
+        " node outside it tells which one is at fault"
+    )
+    records = healthy(layout)
+    for record in records.values():
+        record |= {"part": "node.all_reduce", "stage": "running", "group": [0, 1], "finished": False}
+
+    nodes, job = judged(layout, records, "deadline", late=[0, 1], tmp_path=tmp_path)
+
+    assert (nodes["a"].verdict, job) == ("hang", "")
+    assert nodes["a"].reasons[0] == "node all-reduce did not finish within 60 s (ranks 0-1)"
+
+
+def test_a_figure_is_the_largest_message_sizes_as_launcher_health_measures_them(tmp_path):
+    """launcher/health.py's GPU sizes are 64 KiB, 4 MiB and 256 MiB: the figure is 256 MiB's (as numbers, not as
+    text, where "65536" sorts last)."""
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    sizes = [str(size) for size in health.GPU_SIZES]
+    for record in records.values():
+        measured = dict(zip(sizes, [20.0, 150.0, 360.0], strict=True))
+        record["results"]["node.all_reduce"] |= {"busbw_gb_s": measured, "busbw_gb_s_best": measured}
+
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+
+    assert nodes["a"].figures["node.all_reduce"] == 360.0 and nodes["a"].best["node.all_reduce"] == 360.0
+
+
+def test_two_nodes_are_enough_to_flag_one_far_below_the_other_and_one_node_passes_alone(tmp_path):
+    two = Layout(["a", "b"], 1)
+    nodes, _ = judged(two, healthy(two, node_busbw={"a": 360.0, "b": 250.0}), tmp_path=tmp_path)
+    assert (nodes["a"].verdict, nodes["b"].verdict) == ("ok", "slow")  # 250 is 18% below the median 305
+    one = Layout(["a"], 2)
+    nodes, job = judged(one, healthy(one), tmp_path=tmp_path)
+    assert (nodes["a"].verdict, job) == ("ok", "")
+
+
+def test_records_and_exit_statuses_are_read_for_every_rank_past_a_missing_or_known_one(tmp_path):
+    (tmp_path / "rank-2.json").write_text(json.dumps({"rank": 2, "finished": False}))
+    known = {0: {"rank": 0, "finished": True}}
+
+    assert health_report.read_records(tmp_path, 3, known) == {0: known[0], 2: {"rank": 2, "finished": False}}
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-2.status").write_text("1 1796117746 host\n")  # launcher/rank.sh's: status, time, host
+    assert health_report.exit_statuses(tmp_path, 3) == {2: "1"}
+
+
+def test_a_rank_that_exited_badly_before_its_record_fails_its_node_and_one_that_exited_0_does_not(tmp_path):
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    del records[1]
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-0.status").write_text("0 1796117746 a\n")
+    (tmp_path / "logs" / "rank-1.status").write_text("1 1796117746 b\n")
+
+    nodes, _ = judged(layout, records, "exited", tmp_path=tmp_path)
+
+    assert (nodes["a"].verdict, nodes["b"].verdict) == ("ok", "fail")
+    assert nodes["b"].reasons == ["rank 1 exited with status 1"]
+
+
+def test_every_failed_node_is_in_the_exclude_list_and_in_failed_nodes(four_nodes, tmp_path, monkeypatch):
+    records = healthy(four_nodes, node_busbw={"a": 200.0, "c": 210.0})
+    (tmp_path / "health").mkdir()
+    run = Run(tmp_path, four_nodes, records, "finished", [], 60.0, 30.0)
+    nodes, job = health_report.judge(run)
+
+    assert health_report.write_results(run, nodes, job) is False
+    assert (tmp_path / "health" / "failed-nodes").read_text() == "a,c\n"
+    assert health_report.console(run, nodes, job)[-1] == (
+        f"srun.sh: health check failed on 2 of 4 node(s): a,c (salloc/sbatch --exclude=a,c); {tmp_path / 'health.json'}"
+    )
+
+
+@pytest.mark.parametrize("left_out", ["--timeout", "--nodes", "--ranks-per-node"])
+def test_a_check_without_a_required_argument_is_refused_and_starts_nothing(left_out, tmp_path, monkeypatch, capsys):
+    argv = ["--timeout", "1", "--nodes", "a", "--ranks-per-node", "1"]
+    at = argv.index(left_out)
+    started = tmp_path / "started"
+    launch = ["--", sys.executable, "-c", f"open({str(started)!r}, 'w')"]
+    monkeypatch.setattr(sys, "argv", ["health_report.py", str(tmp_path), *argv[:at], *argv[at + 2 :], *launch])
+
+    with pytest.raises(SystemExit) as refused:
+        health_report.main()
+
+    assert refused.value.code == 2 and left_out in capsys.readouterr().err
+    assert not started.exists()
