@@ -28,6 +28,10 @@ import json
 import sys
 from pathlib import Path
 
+if not __package__:  # run as a script (srun.sh): the repository, not launcher/, holds the package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from launcher.first_failure import rank_ends
+
 SECTION = "inprocess_restart."
 # Megatron Bridge takes MASTER_PORT+1 for its coordination store and nvidia-resiliency-ext MASTER_PORT+2 for its own.
 PORTS_TAKEN = (1, 2)
@@ -122,13 +126,9 @@ def plan(assignments: list[str], nodes: int, ranks_per_node: int, master_port: i
 
 
 def failed_ranks(run_dir: Path) -> list[str]:
-    """'RANK on HOST (exit status S)' for each rank that recorded a non-zero end (launcher/rank.sh)."""
-    failed = []
-    for path in sorted((run_dir / "logs").glob("rank-*.status"), key=lambda p: int(p.stem.split("-")[1])):
-        status, _, host = [*path.read_text().split(), "", "", ""][:3]
-        if status != "0":
-            failed.append(f"{path.stem.split('-')[1]} on {host} (exit status {status})")
-    return failed
+    """'RANK on HOST (exit status S)' for each rank that recorded a non-zero end (launcher/rank.sh), by rank."""
+    ends = sorted(rank_ends(run_dir / "logs"), key=lambda end: int(end.rank))
+    return [f"{end.rank} on {end.host} (exit status {end.status})" for end in ends]
 
 
 def outcome(run_dir: Path) -> int:
