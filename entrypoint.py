@@ -14,6 +14,8 @@ then changes one of its fields (mixed_precision.first_last_layers_bf16=false).
 Bad input is one line on stderr and exit status 2, before distributed init or any GPU work.
 """
 
+from __future__ import annotations  # the training stack's names in annotations are not needed to define functions
+
 import argparse
 import importlib.util
 import io
@@ -65,32 +67,36 @@ def missing_stack(error: ImportError) -> UsageError:
     return UsageError(f"{sys.executable} cannot import the training stack ({type(error).__name__}: {error}): {fix}")
 
 
-try:
-    with chatter_held_back(QUIET):
-        from megatron.bridge.training.callbacks import CallbackManager
-        from megatron.bridge.training.config import ConfigContainer
-        from megatron.bridge.training.gpt_step import forward_step
-        from megatron.bridge.training.pretrain import pretrain
+# multiprocessing's "spawn" runs this file again, as __mp_main__, in each process it starts before anything else there:
+# Megatron's checkpoint writer starts a Manager so at a run's first save. Such a process needs none of the training
+# stack, whose imports made 26 of the 28 s of a first save on the H200 (bench/results/gpu-suite.md).
+if __name__ != "__mp_main__":
+    try:
+        with chatter_held_back(QUIET):
+            from megatron.bridge.training.callbacks import CallbackManager
+            from megatron.bridge.training.config import ConfigContainer
+            from megatron.bridge.training.gpt_step import forward_step
+            from megatron.bridge.training.pretrain import pretrain
 
-        import viztracer_plugin
-        from launcher import (
-            checks,
-            data,
-            failure_exit,
-            hang_dumps,
-            nsys,
-            outputs,
-            overrides,
-            precision,
-            progress,
-            resilience,
-            restart_log,
-            straggler,
-        )
-        from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
-except ImportError as error:
-    report(missing_stack(error))
-    sys.exit(2)
+            import viztracer_plugin
+            from launcher import (
+                checks,
+                data,
+                failure_exit,
+                hang_dumps,
+                nsys,
+                outputs,
+                overrides,
+                precision,
+                progress,
+                resilience,
+                restart_log,
+                straggler,
+            )
+            from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
+    except ImportError as error:
+        report(missing_stack(error))
+        sys.exit(2)
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
 RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)
@@ -189,6 +195,7 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
     progress.register(callbacks, run_dir, rank)  # the step record srun.sh's hang watch reads
     straggler.install(cfg.nvrx_straggler, run_dir)  # scores to RUN_DIR/stragglers.log, a straggler named on the console
     if resilience.restart_enabled(cfg):
+        resilience.pass_the_call_wrapper()  # an upstream defect: _pretrain would not know it restarts
         restart_log.register(callbacks, run_dir)  # a line per in-process restart
     else:
         failure_exit.install()  # the rank exits even when Megatron Bridge's clean-up after an error hangs

@@ -6,6 +6,12 @@ error under Megatron FSDP, bench/results/per-step-ab.md): the rank neither train
 the other ranks, and the job sat until srun.sh's hang watch (SRUNSH_HANG_TIMEOUT_S, 300 s or more). The error's log
 record starts a timer instead; when it runs out the rank says so and exits 1, and srun.sh reports it as the rank that
 failed first, with the error at the end of its log.
+
+Megatron Bridge takes its own sys.exit() for such an error too: train() ends that way once it has saved after a
+SIGTERM (train.exit_signal_handler, which srun.sh's batch jobs use before their time limit) or at
+train.exit_interval, and pretrain() then logs "Pretrain failed ... SystemExit: 0" and runs the same clean-up. That
+rank did what it was asked: it says so at once, and if the clean-up hangs it exits with the status it chose after
+EXIT_GRACE_S, inside the grace that torchrun and SLURM give a stopped rank (30 s), instead of as a failed rank.
 """
 
 import logging
@@ -15,31 +21,54 @@ import threading
 
 PRETRAIN_LOGGER = "megatron.bridge.training.pretrain"  # logs only on the failure path, at ERROR
 GRACE_S = 60.0  # an abort of healthy NCCL communicators and of async checkpointing takes seconds
+EXIT_GRACE_S = 10.0  # after training's own exit: its checkpoint is written, only the process groups are left
 
 
 class ExitAfterFailure(logging.Handler):
     """On the first ERROR record, a daemon timer that ends the process unless it has ended by itself."""
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, exit_grace_s: float) -> None:
         super().__init__(level=logging.ERROR)
         self.grace_s = grace_s
+        self.exit_grace_s = exit_grace_s
         self.timer: threading.Timer | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.timer is None:
-            self.timer = threading.Timer(self.grace_s, self.exit_now)
-            self.timer.daemon = True
-            self.timer.start()
+        if self.timer is not None:
+            return
+        status = chosen_exit_status(record)
+        if status is None:
+            self.timer = threading.Timer(self.grace_s, self.exit_after_error)
+        else:
+            say(f"training ended by its own sys.exit({status}); Megatron Bridge logs that as"
+                ' "Pretrain failed": it is not one')  # fmt: skip
+            self.timer = threading.Timer(self.exit_grace_s, self.exit_after_exit, args=(status,))
+        self.timer.daemon = True
+        self.timer.start()
 
-    def exit_now(self) -> None:
-        print(
-            f"entrypoint.py: Megatron Bridge's clean-up after the error above did not return in {self.grace_s:g} s:"
-            " the rank exits 1",
-            file=sys.stderr,
-            flush=True,
-        )
+    def exit_after_error(self) -> None:
+        say(f"Megatron Bridge's clean-up after the error above did not return in {self.grace_s:g} s: the rank exits 1")
         os._exit(1)
 
+    def exit_after_exit(self, status: int) -> None:
+        say(f"Megatron Bridge's clean-up after training's exit did not return in {self.exit_grace_s:g} s: the rank"
+            f" exits {status}, as training chose")  # fmt: skip
+        os._exit(status)
 
-def install(grace_s: float = GRACE_S) -> None:
-    logging.getLogger(PRETRAIN_LOGGER).addHandler(ExitAfterFailure(grace_s))
+
+def chosen_exit_status(record: logging.LogRecord) -> int | None:
+    """The status a SystemExit in the record asks for (sys.exit's rules); None for any other error."""
+    error = record.exc_info[1] if record.exc_info else None
+    if not isinstance(error, SystemExit):
+        return None
+    if error.code is None or isinstance(error.code, int):
+        return error.code or 0
+    return 1  # sys.exit("message") prints the message and exits 1
+
+
+def say(line: str) -> None:
+    print(f"entrypoint.py: {line}", file=sys.stderr, flush=True)
+
+
+def install(grace_s: float = GRACE_S, exit_grace_s: float = EXIT_GRACE_S) -> None:
+    logging.getLogger(PRETRAIN_LOGGER).addHandler(ExitAfterFailure(grace_s, exit_grace_s))

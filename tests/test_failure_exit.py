@@ -2,12 +2,17 @@
 never returns (as the abort of the process groups did on the H200); the rank still exits, with the error and one line
 that says why it exits, in a second or so rather than at srun.sh's hang watch."""
 
+import logging
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher import failure_exit
 from tests.conftest import REPO
 
 # The real _pretrain() on the tiny recipe's config, with setup() failing (it stands for any error in training) and the
@@ -22,7 +27,7 @@ RANK = textwrap.dedent(
     from launcher import failure_exit
 
     def failing_setup(*args, **kwargs):
-        raise RuntimeError("Modules must not have hooks registered at the time they are passed")
+        raise {error}
 
     pretrain.setup = failing_setup
     pretrain._cleanup_after_pretrain_failure = lambda state, destroy: time.sleep(600)
@@ -43,16 +48,22 @@ HOLD_S = 60.0
 REACH_FAILURE_S = 900.0
 
 
-def rank_script(tmp_path, install: str) -> str:
+ERROR = 'RuntimeError("Modules must not have hooks registered at the time they are passed")'
+# What Megatron Bridge's train() raises once it has saved after a SIGTERM, or at train.exit_interval: sys.exit(0).
+OWN_EXIT = "SystemExit(0)"
+
+
+def rank_script(tmp_path, install: str, error: str = ERROR) -> str:
     script = tmp_path / "rank.py"
-    script.write_text(
-        RANK.format(repo=str(REPO), recipe=str(REPO / "recipes" / "tiny_gpt_pretrain.py"), install=install)
-    )
+    recipe = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+    script.write_text(RANK.format(repo=str(REPO), recipe=recipe, install=install, error=error))
     return str(script)
 
 
-def run_rank(tmp_path, install: str, timeout_s: float) -> tuple[subprocess.CompletedProcess | None, float]:
-    script = rank_script(tmp_path, install)
+def run_rank(
+    tmp_path, install: str, timeout_s: float, error: str = ERROR
+) -> tuple[subprocess.CompletedProcess | None, float]:
+    script = rank_script(tmp_path, install, error)
     started = time.monotonic()
     try:
         done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -69,6 +80,51 @@ def test_a_rank_whose_clean_up_after_an_error_hangs_exits_after_the_grace_time(t
     assert "Pretrain failed on rank=" in done.stderr and "Modules must not have hooks registered" in done.stderr
     assert done.stderr.rstrip().endswith(
         "entrypoint.py: Megatron Bridge's clean-up after the error above did not return in 1 s: the rank exits 1"
+    )
+
+
+def test_a_rank_whose_training_exits_on_purpose_exits_with_that_status_and_is_not_called_failed(tmp_path):
+    """Megatron Bridge logs its own sys.exit(0) after a save as "Pretrain failed" and runs the same clean-up: the
+    rank says at once that it did not fail, and leaves after the short grace with status 0, not 1 after 60 s."""
+    done, _ = run_rank(tmp_path, "failure_exit.install(grace_s=600, exit_grace_s=1)", timeout_s=120, error=OWN_EXIT)
+
+    assert done is not None, "the rank did not exit"
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert FAILURE_LINE in done.stderr and "SystemExit: 0" in done.stderr  # Megatron Bridge's own lines
+    assert (
+        'entrypoint.py: training ended by its own sys.exit(0); Megatron Bridge logs that as "Pretrain failed": it is'
+        " not one" in done.stderr
+    )
+    assert done.stderr.rstrip().endswith(
+        "entrypoint.py: Megatron Bridge's clean-up after training's exit did not return in 1 s: the rank exits 0,"
+        " as training chose"
+    )
+    assert "did not return in 600 s" not in done.stderr
+
+
+@settings(max_examples=25, deadline=None)
+@given(code=st.one_of(st.none(), st.integers(0, 255), st.text(alphabet="abc xyz", max_size=8)))
+def test_the_status_a_system_exit_chooses_is_the_one_python_exits_with(code):
+    """The interpreter is the oracle: the status chosen_exit_status() reads from a SystemExit is the one python
+    itself exits with for sys.exit(code)."""
+    try:
+        raise SystemExit(code)
+    except SystemExit:
+        record = logging.LogRecord("pretrain", logging.ERROR, __file__, 0, "failed", None, sys.exc_info())
+    python = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code!r})"], capture_output=True, check=False)
+
+    assert failure_exit.chosen_exit_status(record) == python.returncode
+
+
+def test_other_errors_choose_no_status():
+    try:
+        raise RuntimeError("a training error")
+    except RuntimeError:
+        record = logging.LogRecord("pretrain", logging.ERROR, __file__, 0, "failed", None, sys.exc_info())
+    assert failure_exit.chosen_exit_status(record) is None
+    assert (
+        failure_exit.chosen_exit_status(logging.LogRecord("p", logging.ERROR, __file__, 0, "no error", None, None))
+        is None
     )
 
 

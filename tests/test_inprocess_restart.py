@@ -23,7 +23,7 @@ from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 from nvidia_resiliency_ext.inprocess.utils import log_exc
 
 import entrypoint
-from launcher import inprocess, progress, restart_log
+from launcher import inprocess, progress, resilience, restart_log
 from launcher.errors import UsageError
 from tests.conftest import REPO
 from tests.srun_world import FIXTURES, SrunWorld
@@ -264,6 +264,22 @@ def test_upstream_defect_pretrain_never_gets_the_call_wrapper(monkeypatch):
     marker = object()
     args, kwargs = substitute_param_value(adapter, ("state", "forward"), {"store": None}, {CallWrapper: marker})
     assert marker not in args and marker not in kwargs.values()
+
+
+def test_ours_gives_pretrain_the_call_wrapper(monkeypatch):
+    """With launcher/resilience.py's fix, NVRx's own parameter substitution finds the adapter's parameter, and the
+    adapter hands the CallWrapper to the training function: _pretrain knows it restarts (upstream's code unchanged)."""
+    from megatron.bridge.training import inprocess_restart as bridge
+    from nvidia_resiliency_ext.inprocess.param_utils import substitute_param_value
+
+    monkeypatch.setattr(bridge, "inprocess_restart", bridge.inprocess_restart)  # put back after the test
+    resilience.pass_the_call_wrapper()
+    _, adapter = bridge_wrapper(InProcessRestartConfig(enabled=True, granularity="rank"), monkeypatch)
+    marker = object()
+    args, kwargs = substitute_param_value(adapter, ("state", "forward"), {"store": None}, {CallWrapper: marker})
+
+    assert kwargs["inprocess_call_wrapper"] is marker
+    assert adapter(*args, **kwargs) is marker  # what the training function got
 
 
 def test_upstream_defect_max_iterations_is_never_given_to_nvrx(monkeypatch):

@@ -15,10 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import megatron_log
 
 REPO = Path(__file__).resolve().parents[2]
+# Most tests run 2 ranks, one a GPU, and 1 where only one GPU is lent; those that need a second rank say so.
+GPUS = min(2, torch.cuda.device_count())
+needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs: what it shows is between two ranks")
 RESULTS = Path(os.environ.get("GPU_RESULTS", "/tmp/gpu-results.jsonl"))
 
 
@@ -105,11 +109,11 @@ def parse_log(run: Run) -> Run:
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
-    """launch(recipe, *overrides, gpus=2, options=(), env=None, timeout=420) -> Run, via ./srun.sh --local.
+    """launch(recipe, *overrides, gpus=GPUS, options=(), env=None, timeout=420) -> Run, via ./srun.sh --local.
 
     Each launch runs in a fresh directory (its outputs, nsys reports and launch.log stay there)."""
 
-    def run(recipe: str, *overrides: str, gpus: int = 2, options=(), env=None, timeout: int = 420) -> Run:
+    def run(recipe: str, *overrides: str, gpus: int = GPUS, options=(), env=None, timeout: int = 420) -> Run:
         tmp_path = tmp_path_factory.mktemp("launch")
         output_root = tmp_path / "outputs"
         command = [str(REPO / "srun.sh"), "--local", *options, str(REPO / "recipes" / recipe), *overrides]

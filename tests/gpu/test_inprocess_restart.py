@@ -7,14 +7,13 @@ next completed step, and the steps lost (the fault's step minus the step trainin
         cannot give it, since a rank that survives must be another process, rank 0 hosts the stores of Megatron
         Bridge (MASTER_PORT+1) and NVRx (MASTER_PORT+2), and a spare needs a GPU of its own;
     (c) the same RuntimeError today: the launch fails, and the same SRUNSH_RUN_ID resumes from the last checkpoint;
-    (d) straggler detection: a second process loads the GPU from a step on; the detector must name the rank
-        (individual score).
+    (d) straggler detection: a thread of the rank loads its GPU from a step on; the detector must name the rank
+        (individual score), and stop training with stop_if_detected=true.
 
     pytest tests/gpu/test_inprocess_restart.py -m gpu          (on a GPU host, from the checkout, with the stack)
 """
 
 import re
-import time
 
 import pytest
 import torch
@@ -38,7 +37,8 @@ RESUMED = re.compile(r"iteration\s+(?P<step>\d+)/")
 
 
 def test_a_raise_restarts_in_place_and_training_completes(launch, record):
-    run = launch(RECIPE, *COMMON, *RESTART, "fault=raise", "fault_rank=0", gpus=1)
+    # A whole run takes about 80 s on the H200; a restart that never comes is ended by NVRx's hard timeout (90 s).
+    run = launch(RECIPE, *COMMON, *RESTART, "fault=raise", "fault_rank=0", gpus=1, timeout=300)
     restart = RESTART_LINE.search(run.log)
     record(
         run,
@@ -68,11 +68,12 @@ def test_a_killed_rank_is_replaced_by_the_spare_and_training_completes(launch, r
     assert "training completed after in-process restart; rank(s) 1 on" in run.log
 
 
-def test_today_a_raise_stops_the_launch_and_the_resume_goes_on_from_the_checkpoint(launch, record):
-    run_id = f"inprocess-today-{int(time.time())}"
-    env = {"SRUNSH_RUN_ID": run_id}
+def test_today_a_raise_stops_the_launch_and_the_resume_goes_on_from_the_checkpoint(launch, record, tmp_path):
+    # The same run: its id and its output root (a run id names a run within one SRUNSH_OUTPUT_ROOT).
+    env = {"SRUNSH_RUN_ID": "inprocess-today", "SRUNSH_OUTPUT_ROOT": str(tmp_path / "outputs")}
     failed = launch(RECIPE, *COMMON, "fault=raise", "fault_rank=0", gpus=1, env=env)
-    resumed = launch(RECIPE, *COMMON, "fault_at_step=0", gpus=1, env=env)
+    no_fault = (*(o for o in COMMON if not o.startswith("fault_at_step=")), "fault_at_step=0")
+    resumed = launch(RECIPE, *no_fault, gpus=1, env=env)
     first = min(resumed.losses) if resumed.losses else None
     record(
         resumed,
@@ -86,24 +87,54 @@ def test_today_a_raise_stops_the_launch_and_the_resume_goes_on_from_the_checkpoi
     assert first == (FAULT_AT - 1) // SAVE_EVERY * SAVE_EVERY + 1
 
 
-def test_a_gpu_loaded_by_a_second_process_is_named_by_the_straggler_detector(launch, record):
-    detect = ("nvrx_straggler.enabled=true", "nvrx_straggler.report_time_interval=5")
+def test_a_loaded_gpu_is_named_by_the_straggler_detector_and_stops_training_with_stop_if_detected(launch, record):
+    """A report every 5 s; from step LOAD_AT a thread of the rank loads its GPU. The detector's individual score (the
+    rank against its own earlier pace) must name rank 0, and with stop_if_detected=true training stops well before
+    train_iters, with the straggler named in the line that says so."""
+    detect = (
+        "nvrx_straggler.enabled=true",
+        "nvrx_straggler.report_time_interval=5",
+        "nvrx_straggler.stop_if_detected=true",
+    )
+    load_at, iterations = 150, 600
     run = launch(
         RECIPE,
-        "train.train_iters=3000",
+        f"train.train_iters={iterations}",
         "validation.eval_interval=100000",
         "checkpoint.save=null",
         "model.gradient_accumulation_fusion=false",
         *detect,
         "fault=load",
         "fault_rank=0",
-        "fault_at_step=500",
+        f"fault_at_step={load_at}",
         gpus=1,
-        timeout=900,
+        timeout=540,
     )
     named = re.search(r"entrypoint\.py: straggler \(individual score below threshold\): rank 0 on \S+", run.log)
-    record(run, case="d: straggler", named=named and named.group(0))
+    stopped = re.search(
+        r"entrypoint\.py: training stops \(nvrx_straggler\.stop_if_detected=true\): straggler\(s\) rank 0 on \S+",
+        run.log,
+    )
+    scores = (run.run_dir / "stragglers.log").read_text() if run.run_dir else ""
+    last = max(run.losses, default=None)
+    record(
+        run,
+        case="d: straggler",
+        named=named and named.group(0),
+        stop_line=stopped and stopped.group(0),
+        last_step=last,
+        load_from_step=load_at,
+        score_reports=scores.count("GPU individual performance"),
+        step_ms_before_load=median_ms(run, range(20, load_at)),
+        step_ms_under_load=median_ms(run, range(load_at + 5, (last or 0) + 1)),
+    )
 
     assert run.returncode == 0, run.log[-4000:]
-    assert named is not None, run.log[-4000:]
-    assert (run.run_dir / "stragglers.log").read_text().count("GPU individual performance") >= 2
+    assert named is not None and stopped is not None, run.log[-4000:]
+    assert load_at < last < iterations, last
+    assert scores.count("GPU individual performance") >= 2
+
+
+def median_ms(run, steps: range) -> float | None:
+    times = sorted(run.step_ms[i] for i in steps if i in run.step_ms)
+    return times[len(times) // 2] if times else None

@@ -1,4 +1,5 @@
-"""Megatron FSDP through the launcher on 2 GPUs: upstream's smoke test, and save/resume in fsdp_dtensor (issue 5)."""
+"""Megatron FSDP through the launcher on 2 GPUs (1 where only one is lent): upstream's smoke test, and save/resume in
+fsdp_dtensor (issue 5)."""
 
 import math
 from pathlib import Path

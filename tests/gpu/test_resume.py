@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,10 @@ STOP_AFTER = 8  # SIGTERM once this iteration is logged: the next iteration boun
 # 1.5e-4 (DDP) and 1.8e-4 (Megatron FSDP), and two uninterrupted runs of the same steps by up to 4e-4 (not bitwise
 # deterministic). A resume from the wrong step, data position or schedule moves these losses by far more.
 LOSS_TOLERANCE = 5e-4
+# A rank that saves and exits is gone within seconds of the signal; one still there this long after it is asked for its
+# Python stacks (SIGUSR2, which launcher/hang_dumps.py answers with faulthandler), so that the record shows where it
+# waits instead of saving.
+STACKS_AFTER_S = 12.0
 
 
 @dataclasses.dataclass
@@ -50,6 +55,7 @@ class Launch:
     log: str
     run_dir: Path
     exit_after_signal_s: float | None  # srun.sh's exit, counted from the SIGTERM the test sent it
+    stacks_after_signal: str  # rank 0's stacks STACKS_AFTER_S after the signal, if it was still running then
 
     def saved_iterations(self) -> list[int]:
         """The iterations of the checkpoints in the run directory (Megatron's iter_NNNNNNN folders)."""
@@ -78,17 +84,38 @@ def launch(workdir: Path, switch: str, run_id: str, stop: Callable[[str, subproc
         "SRUNSH_OUTPUT_ROOT": str(output_root),
     }
     command = [str(REPO / "srun.sh"), "--local", TINY, switch, *COMMON]
+    run_dir = output_root / "tiny_gpt_pretrain" / run_id
     signalled: list[float] = []
+    stacks: list[str] = []
+    timer = threading.Timer(STACKS_AFTER_S, lambda: stacks.append(stacks_of_rank_0(run_dir)))
 
     def on_line(line: str, process: subprocess.Popen) -> None:
         if stop is not None and not signalled and stop(line, process):
             signalled.append(time.monotonic())
+            timer.start()
 
     finished = run_with_time_limit(command, cwd=workdir, env=env, timeout_s=540, on_line=on_line)
+    timer.cancel()
     log = "".join(finished.lines)
     (workdir / f"{run_id}.log").write_text(log)
     after = round(finished.ended - signalled[0], 1) if signalled else None
-    return Launch(finished.returncode, log, output_root / "tiny_gpt_pretrain" / run_id, after)
+    return Launch(finished.returncode, log, run_dir, after, "".join(stacks))
+
+
+def stacks_of_rank_0(run_dir: Path) -> str:
+    """Rank 0's Python stacks now, if it still runs: what faulthandler appends to its stacks file on SIGUSR2."""
+    hang = run_dir / "hang"
+    try:
+        pid = json.loads((hang / "rank-0.json").read_text())["pid"]
+        stacks = hang / "stacks-rank-0.txt"
+        before = stacks.stat().st_size
+        os.kill(pid, signal.SIGUSR2)
+    except (OSError, ValueError, KeyError) as error:
+        return f"not asked: {error}"
+    time.sleep(2)
+    with stacks.open(errors="replace") as text:
+        text.seek(before)
+        return text.read()
 
 
 def sigterm_to_srun_sh_after(iteration: int) -> Callable[[str, subprocess.Popen], bool]:
@@ -111,6 +138,7 @@ def stop_evidence(stopped: Launch) -> dict[str, object]:
         "srun_sh_exit_after_signal_s": stopped.exit_after_signal_s,
         "rank_status": stopped.rank_status(),
         "rank_log_after_signal": stopped.rank_log_after_signal()[-15:],
+        "rank_0_stacks_after_signal": stopped.stacks_after_signal[-6000:],
     }
 
 
@@ -118,13 +146,13 @@ def stop_evidence(stopped: Launch) -> dict[str, object]:
 def test_sigterm_saves_and_the_same_run_id_resumes_with_the_same_losses(record, tmp_path: Path, switch: str):
     straight = launch(tmp_path, switch, "straight")
     stopped = launch(tmp_path, switch, "stopped", stop=sigterm_to_srun_sh_after(STOP_AFTER))
+    evidence = stop_evidence(stopped)  # before the resume, which writes the same run directory
     resumed = launch(tmp_path, switch, "stopped")
 
     straight_losses = megatron_log.parse(straight.log).losses
     stopped_losses = megatron_log.parse(stopped.log).losses
     resumed_losses = megatron_log.parse(resumed.log).losses
     differences = {i: abs(resumed_losses[i] - straight_losses[i]) for i in resumed_losses if i in straight_losses}
-    evidence = stop_evidence(stopped)
     record(
         parse_log(Run(resumed.status, resumed.log, 0.0, None, None)),
         switch=switch,

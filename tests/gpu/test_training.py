@@ -1,4 +1,5 @@
-"""Training really starts through the launcher: `srun.sh --local` on 2 GPUs, one python per GPU (issue 4)."""
+"""Training really starts through the launcher: `srun.sh --local` on 2 GPUs (1 where only one is lent), one python per
+GPU (issue 4)."""
 
 import json
 import math
@@ -17,7 +18,7 @@ import yaml
 
 from bench import megatron_log
 from tests import hf_models
-from tests.gpu.conftest import REPO, Run, run_with_time_limit, tail
+from tests.gpu.conftest import GPUS, REPO, Run, needs_two_gpus, run_with_time_limit, tail
 
 pytestmark = pytest.mark.gpu
 
@@ -41,12 +42,12 @@ TRACE_STEP = re.compile(r"^train_step \(.*megatron/bridge/training/train\.py:\d+
 @pytest.fixture(scope="module")
 def tiny_run(launch) -> Run:
     """One tiny run serves two tests: its loss curve, and the overrides it was given."""
-    return launch(TINY, "train.train_iters=30", "model.num_layers=3", "profiling.profile_ranks=[1]")
+    return launch(TINY, "train.train_iters=30", "model.num_layers=3", f"profiling.profile_ranks=[{GPUS - 1}]")
 
 
-def test_tiny_recipe_trains_on_two_ranks_with_falling_loss(tiny_run: Run, record):
+def test_tiny_recipe_trains_on_every_gpu_with_falling_loss(tiny_run: Run, record):
     run = tiny_run
-    record(run)
+    record(run, gpus=GPUS)
     assert run.returncode == 0, tail(run)
     losses = [run.losses[i] for i in sorted(run.losses)]
     assert len(losses) == 30
@@ -54,6 +55,7 @@ def test_tiny_recipe_trains_on_two_ranks_with_falling_loss(tiny_run: Run, record
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0, losses
 
 
+@needs_two_gpus
 def test_deepseek_v2_lite_shape_from_local_config_trains_with_ep2_alltoall(launch, record, tmp_path: Path):
     hf_path = hf_models.write("deepseek_v2", tmp_path / "deepseek_v2_config_only")
     run = launch(DSV2_LITE, f"hf_path={hf_path}", *DSV2_ON_TWO_GPUS, "train.train_iters=10")
@@ -92,6 +94,7 @@ def test_llama_weights_in_hf_path_give_the_hf_models_own_first_loss(launch, reco
     first_loss_check(launch, record, "llama", "llama3_8b_pretrain.py", hf_path, "use_megatron_fsdp=false", *small)
 
 
+@needs_two_gpus
 def test_deepseek_v2_weights_in_hf_path_give_the_hf_models_own_first_loss(launch, record, tmp_path: Path):
     hf_path = hf_models.write("deepseek_v2", tmp_path / "deepseek_v2_weights", weights="constant")
     first_loss_check(launch, record, "deepseek_v2", DSV2_LITE, hf_path, *DSV2_ON_TWO_GPUS)
@@ -103,13 +106,13 @@ def test_overrides_reach_the_saved_config_and_the_log(tiny_run: Run):
     config = yaml.safe_load((run.run_dir / "config.yaml").read_text())
     assert config["train"]["train_iters"] == 30
     assert config["model"]["num_layers"] == 3
-    assert config["profiling"]["profile_ranks"] == [1]
+    assert config["profiling"]["profile_ranks"] == [GPUS - 1]
     assert "entrypoint.py: model.num_layers = 3" in run.log
-    assert "entrypoint.py: profiling.profile_ranks = [1]" in run.log
+    assert f"entrypoint.py: profiling.profile_ranks = [{GPUS - 1}]" in run.log
     assert "entrypoint.py: train.train_iters = 30" in run.log
     assert sorted(run.losses) == list(range(1, 31))
     launch_record = json.loads((run.run_dir / "launch.json").read_text())
-    assert launch_record["environment"]["WORLD_SIZE"] == "2"
+    assert launch_record["environment"]["WORLD_SIZE"] == str(GPUS)
 
 
 def test_viztracer_traces_exactly_the_window_on_rank_0_and_every_rank_exits_0(launch, record):
@@ -142,6 +145,7 @@ def nsys_binary() -> str:
     return nsys
 
 
+@needs_two_gpus
 def test_nsys_captures_the_window_on_exactly_the_profiled_rank(launch, record):
     """nsys prints its capture messages only when the process ends, so the window's steps are shown by the lines the
     plugin logs where Megatron Bridge calls cudaProfilerStart/Stop, and the report lands per job, host and rank."""
