@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU suite (pytest -m gpu) on a GPU host with the pinned stack (the image, or a venv from
-# tools/install_python_stack.sh; 2 GPUs: several tests run 2 ranks), and write its results:
+# tools/install_python_stack.sh; 2 GPUs for all of it: on one, the tests that need a second rank are skipped),
+# and write its results:
 #   bash bench/run_gpu_suite.sh RESULTS_DIR [PYTEST_ARGS ...]     (default PYTEST_ARGS: tests/gpu)
 # Writes RESULTS_DIR/gpu-suite.{json,md,log}. Knobs: PYTHON (python3), NSYS (nsys binary for the --nsys test).
 set -euo pipefail
