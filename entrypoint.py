@@ -69,7 +69,7 @@ def missing_stack(error: ImportError) -> UsageError:
 
 # multiprocessing's "spawn" runs this file again, as __mp_main__, in each process it starts before anything else there:
 # Megatron's checkpoint writer starts a Manager so at a run's first save. Such a process needs none of the training
-# stack, whose imports made 26 of the 28 s of a first save on the H200 (bench/results/gpu-suite.md).
+# stack, whose imports were most of the 28 s a first save took on the H200 (bench/results/gpu-suite.md).
 if __name__ != "__mp_main__":
     try:
         with chatter_held_back(QUIET):
