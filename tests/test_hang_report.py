@@ -3,6 +3,7 @@ fires, how a real faulthandler dump and NCCL-style flight recorder records are r
 driving the step record.
 """
 
+import datetime
 import json
 import os
 import pickle
@@ -465,10 +466,11 @@ def test_recorder_keeps_the_longest_step_but_not_the_start_nor_a_checkpoint_save
     assert abs(progress.LAST.time - time.time()) < 0.1
 
 
-def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step_record(tmp_path: Path):
+def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step_record(tmp_path: Path, monkeypatch):
     """On the H200 a rank's stacks came at a stop at step 30 but its answer (written after its flight-recorder dump)
     did not within the grace: the report said "stopped during start-up" of a job 30 steps in. Rank 0's step record,
     written by the real launcher/progress.py, says where training was."""
+    monkeypatch.setattr(progress, "LAST", progress.Last())  # a process records one training
     recorder = progress.Recorder(tmp_path, rank=0)
     for step in range(26, 31):  # 0.05 s steps
         time.sleep(0.05)
@@ -1167,3 +1169,330 @@ def test_every_member_in_it_on_its_gpu_is_said_with_how_to_see_the_transport():
     assert second == (
         "srun.sh:   every GPU is in it: suspect the network between node1 (NCCL_DEBUG=INFO shows the transport)"
     )
+
+
+# ---- What the report file and --help say, and how the ranks are asked (issue 38: the survivors of mutation) -------
+
+
+def documented_words() -> set[str]:
+    """The words the module's docstring, README.md and docs/health.md use."""
+    repo = Path(__file__).resolve().parents[1]
+    text = hang_report.__doc__ + (repo / "README.md").read_text() + (repo / "docs" / "health.md").read_text()
+    return set(re.findall(r"[\w.'=-]+", text.lower()))
+
+
+def test_help_describes_each_option_in_the_words_of_its_documentation(monkeypatch, capsys):
+    """--help says what each option does in the docstring's and the docs' words (its "HOST,..." is comma-separated)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["hang_report.py", "--help"])
+    with pytest.raises(SystemExit):
+        hang_report.main()
+    said = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  --")}
+    known = documented_words() | {"comma-separated"}
+
+    for option, metavar in [("--nodes", "NODES"), ("--step", "STEP"), ("--local", ""), ("--stalled", "")]:
+        described = said[option].removeprefix(f"  {option}").strip().removeprefix(metavar).strip()
+        words = re.findall(r"[\w.'=-]+", described.lower())
+        assert words, option
+        assert [w for w in words if not {w, w + "s", w.removesuffix("s")} & known] == [], option
+
+
+def stalled_job() -> tuple[dict[int, Rank], list[hang_report.Collective], hang_report.Pace]:
+    """Four ranks of a stall 30 s after step 5 (steps of 2 s): 0-1 in the default group's gloo all-reduce #2 for 60 s
+    and in all-gather #3 of their subgroup for 0.1 s; rank 2 (node2) did not answer; rank 3 (node2) never joined."""
+    asked = 1_000_000.0
+    entries = [entry("0", 2, "started", op="gloo:all_reduce") | {"time_created_ns": int((asked - 60.0) * 1e9)}]
+    entries.append(
+        entry("1", 3, "started", op="gloo:all_gather", pg_id=1) | {"time_created_ns": int((asked - 0.1) * 1e9)}
+    )
+    record = dump(entries, {"0": (2, 1), "1": (3, 2)})
+    record["pg_config"]["1"] = {"ranks": "[0, 1]"}
+    ranks = ranks_with({0: record, 1: record})
+    for rank in ranks.values():
+        rank.answer = answered(5, 30.0, 2.0, asked) | {"distributed": True}
+    ranks[2] = Rank(2, "node2", registered={"pid": 102, "start_time": "x"})
+    ranks[3] = Rank(3, "node2", registered={"pid": 103}, answer={"distributed": False}, frames=["load (data.py:7)"])
+    return ranks, hang_report.collectives(ranks, 4), hang_report.pace(ranks, None, 0.0)
+
+
+def test_a_stalls_report_counts_what_came_names_what_is_left_out_and_parts_its_sections_with_a_blank_line():
+    ranks, in_flight, seen = stalled_job()
+    stop, found = hang_report.judge(ranks, in_flight, seen, None, stalled=True)
+    assert stop is None and [c.group for c in in_flight] == ["0", "1"]
+    assert [c.group for c in found] == ["0"]  # a stall too: the subgroup's 0.1 s (< the longest step) says nothing
+
+    text = hang_report.report_text(ranks, in_flight, "why", Path("/runs/r1"), seen=seen, stop=stop, found=found)
+
+    lines = text.splitlines()
+    assert lines[2] == "Ranks: 4 on 2 host(s); stacks from 3, answers from 3, flight recorder records from 2"
+    assert lines[lines.index(f"Did not answer (seen from {socket.gethostname()}):") + 1] == (
+        "  rank 2 on node2 (pid 102): no answer from node node2 (rank 3 on it answered)"
+    )
+    assert "  and 1 entered too recently before the ranks were asked to tell anything" in lines
+    parts = [part.splitlines()[0] for part in text.removesuffix("\n").split("\n\n")]
+    assert [re.sub(r"[:,( ].*", "", part) for part in parts] == [
+        "Hang", "Start", "Collectives", "Main", "torch's", "Records"
+    ]  # fmt: skip
+    assert parts[1] == "Start: not every rank joined torch.distributed (its rendezvous, init_process_group)"
+
+
+def test_the_report_is_dated_in_utc_whatever_the_hosts_time_zone(monkeypatch):
+    ranks, in_flight, seen = stalled_job()
+    monkeypatch.setenv("TZ", "XST-5:30")  # POSIX TZ: 5 h 30 min east of UTC
+    time.tzset()
+    try:
+        text = hang_report.report_text(ranks, in_flight, "why", Path("/runs/r1"), seen=seen, stop=None, found=[])
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+    dated = text.splitlines()[0].removeprefix("Hang report of run r1, ")
+    written = datetime.datetime.strptime(dated, "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=datetime.UTC)
+    assert abs((datetime.datetime.now(datetime.UTC) - written).total_seconds()) < 60
+
+
+def test_torchs_analysis_is_given_up_after_the_limit_it_names(tmp_path: Path, monkeypatch):
+    """torchfrtrace that never ends (a stand-in interpreter that sleeps): the report is written all the same, and says
+    after how long it gave up; that many seconds are the limit it ran under (scaled down 1000 times here)."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text("#!/bin/sh\nexec sleep 30\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    limits = []
+    real_run = subprocess.run
+
+    def run_faster(arguments, **options):
+        assert options.get("timeout") is not None, "torchfrtrace runs without a limit"
+        limits.append(options["timeout"])
+        return real_run(arguments, **(options | {"timeout": options["timeout"] / 1000}))
+
+    monkeypatch.setattr(hang_report.subprocess, "run", run_faster)
+    nccl = ranks_with({0: dump([entry("0", 2, "started")], {"0": (2, 1)})})
+
+    (line,) = hang_report.torch_analysis(nccl, tmp_path / "fr")
+
+    said = re.fullmatch(rf"  `torchfrtrace {tmp_path / 'fr'} -p rank- --allow-incomplete-ranks` took more than (\d+) s;"
+                        r" run it yourself", line)  # fmt: skip
+    assert said and limits == [float(said.group(1))]
+
+
+def test_torchs_analysis_reads_the_records_where_the_ranks_wrote_them(tmp_path: Path, monkeypatch):
+    """launcher/hang_dumps.py writes rank R's record to RUN_DIR/hang/fr/rank-R; a stand-in interpreter lists the
+    folder that torchfrtrace is given."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text('#!/bin/sh\nls "$3"\n')
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stand_in))
+    run_dir = tmp_path / "r1"
+    record = dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0]")
+    (run_dir / "hang" / "fr").mkdir(parents=True)
+    (run_dir / "hang" / "fr" / "rank-0").write_bytes(pickle.dumps(record))
+    ranks = ranks_with({0: record})
+
+    text = hang_report.report_text(ranks, [], "why", run_dir, seen=None, stop=None, found=[])
+
+    analysis = text.split("torch's analysis:\n")[1].split("\n\n")[0]
+    assert analysis == (
+        f"  `torchfrtrace {run_dir / 'hang' / 'fr'} -p rank- --allow-incomplete-ranks` (exit status 0):\n    rank-0"
+    )
+
+
+def test_a_main_thread_waiting_in_the_standard_librarys_threading_is_placed_at_its_own_caller():
+    """A real faulthandler dump of a main thread in threading.Event.wait: the position names the code that waits."""
+    program = textwrap.dedent(
+        """
+        import faulthandler, threading
+        def waiting_for_the_loader():
+            done = threading.Event()
+            threading.Timer(0.4, done.set).start()
+            faulthandler.dump_traceback_later(0.1)
+            done.wait()
+            print(threading.main_thread().ident)
+        waiting_for_the_loader()
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+
+    frames = hang_report.main_thread_frames(result.stderr, int(result.stdout.strip()))
+    assert frames[0].startswith("wait (") and "threading.py:" in frames[0]
+    assert re.fullmatch(r"wait \(threading\.py:\d+\) from waiting_for_the_loader \(<string>:7\)",
+                        hang_report.position(frames))  # fmt: skip
+
+
+def test_stacks_of_a_rank_that_had_written_none_before_the_request_are_read_whole(tmp_path: Path):
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    before = {0: hang_report.stacks_size(hang, 0)}  # no stacks file yet
+    (hang / "stacks-rank-0.txt").write_text(
+        'Thread 0x10 (most recent call first):\n  File "/x/train.py", line 9 in step\n'
+    )
+
+    (rank,) = hang_report.gather(tmp_path, 1, ["h0"], before, {}).values()
+
+    assert before == {0: 0} and rank.frames == ["step (/x/train.py:9)"]
+
+
+def sleeper() -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", "import sys, time; print(flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE)  # fmt: skip
+    process.stdout.readline()  # started: SIGUSR2 now ends it (its default action)
+    return process
+
+
+def test_local_signals_each_rank_that_is_still_its_registered_process_and_no_reused_pid(tmp_path: Path):
+    reused, rank = sleeper(), sleeper()
+    try:
+        registered = {
+            0: {"pid": reused.pid, "start_time": "1"},  # its pid, now another process's (it started later)
+            1: {"pid": rank.pid, "start_time": hang_dumps.process_start_time(rank.pid)},
+        }
+        assert hang_report.process_state(registered[0]) == "its process is gone"
+
+        assert hang_report.signal_local(registered) is None
+
+        assert rank.wait(timeout=10) == -signal.SIGUSR2
+        with pytest.raises(subprocess.TimeoutExpired):
+            reused.wait(timeout=0.5)
+    finally:
+        for process in (reused, rank):
+            process.kill()
+            process.wait()
+
+
+def test_local_signals_the_other_ranks_when_one_ends_between_its_check_and_its_signal(monkeypatch):
+    ending, rank = sleeper(), sleeper()
+    real_live_state = hang_report.live_state
+
+    def ends_right_after(record: dict) -> str | None:
+        state = real_live_state(record)
+        if record["pid"] == ending.pid:
+            ending.kill()
+            ending.wait()  # gone: its pid no longer names a process
+        return state
+
+    monkeypatch.setattr(hang_report, "live_state", ends_right_after)
+    try:
+        registered = {n: {"pid": p.pid, "start_time": hang_dumps.process_start_time(p.pid)}
+                      for n, p in enumerate((ending, rank))}  # fmt: skip
+
+        assert hang_report.signal_local(registered) is None
+
+        assert rank.wait(timeout=10) == -signal.SIGUSR2
+    finally:
+        for process in (ending, rank):
+            process.kill()
+            process.wait()
+
+
+def test_a_process_state_that_proc_5_lists_and_the_table_does_not_is_named_by_its_letter(monkeypatch):
+    """proc(5)'s P (parked, Linux 3.9-3.13), read from this process's real /proc/PID/stat with its state replaced."""
+    real = hang_dumps.process_stat(os.getpid())
+    monkeypatch.setattr(hang_report, "process_stat", lambda pid: ["P", *real[1:]])
+
+    assert hang_report.process_state({"pid": os.getpid(), "start_time": real[19]}) == "in state P"
+
+
+def test_waiting_for_many_answers_that_all_came_ends_after_one_look(tmp_path: Path):
+    """Every answer there at the first look: the wait ends then, however many ranks (not one rank a look)."""
+    for rank in range(8):
+        (tmp_path / f"answer-rank-{rank}.json").write_text("{}")
+    pending = set(range(8))
+    started = time.monotonic()
+
+    hang_report.wait_for_answers(tmp_path, pending, {})
+
+    assert pending == set() and time.monotonic() - started < 2.0
+
+
+def test_a_p2p_entry_after_a_collective_keeps_the_collectives_sequence_number_and_is_no_collective():
+    """torch's flight recorder gives a send or recv the collective_seq_id of the last collective enqueued before it
+    (p2p ops count in p2p_seq_id): the entry of #4 is the all-gather, not the send that follows it."""
+    gather = entry("tp", 4, "started", op="nccl:all_gather", pg_id=11)
+    send = entry("tp", 4, "started", op="nccl:send", pg_id=11) | {"is_p2p": True, "p2p_seq_id": 1}
+    record = {"pg_config": {"tp": {"ranks": "[2, 3]"}}, "entries": [gather, send]}
+    record["pg_status"] = {"11": {"last_enqueued_collective": 4, "last_completed_collective": 3}}
+
+    assert hang_report.group_records(record)["tp"]["entries"] == {4: gather}
+
+
+def test_the_step_records_pace_is_the_time_since_its_last_step_however_short():
+    record = {"step": 30, "time": 1000.0, "longest_step_s": 0.05}
+
+    seen = hang_report.pace({}, record, 1000.3)
+
+    assert (seen.step, seen.since_s, seen.longest_step_s) == (30, pytest.approx(0.3), 0.05)
+
+
+def test_exactly_three_ranks_or_groups_are_all_named_with_no_more_to_count():
+    here = socket.gethostname()
+    never = {n: Rank(n, f"node{n}", answer={"distributed": False}, frames=[f"f{n} (a.py:{n})"]) for n in range(3)}
+    assert hang_report.summary(never, [], "why", Path("/r"))[1] == (
+        "srun.sh:   never joined: rank 0 on node0: at f0 (a.py:0); rank 1 on node1: at f1 (a.py:1); rank 2 on node2:"
+        " at f2 (a.py:2)"
+    )
+    silent = {n: Rank(n, f"node{n}", registered={"pid": n, "start_time": "x"}) for n in range(3)}
+    assert here not in {"node0", "node1", "node2"}
+    assert hang_report.silent_line(list(silent.values()), silent, here) == (
+        "3 rank(s) did not answer: rank 0 on node0 (pid 0): no answer from node node0; rank 1 on node1 (pid 1): no"
+        " answer from node node1; rank 2 on node2 (pid 2): no answer from node node2"
+    )
+
+
+def test_a_rank_that_joined_does_not_hide_a_later_one_that_never_did():
+    ranks = {
+        0: Rank(0, "h", answer={"distributed": True, "last_step": None}, frames=["step (x.py:1)"]),
+        1: Rank(1, "h", answer={"distributed": False}, frames=["load (data.py:7)"]),
+        2: Rank(2, "h", ended="it had ended, with exit status 1"),
+        3: Rank(3, "h", answer={"distributed": False}, frames=["load (data.py:7)"]),
+    }
+
+    assert hang_report.start_hang(ranks) == ([], [ranks[1], ranks[3]])
+
+
+def test_a_rank_outside_the_collective_that_hangs_in_the_teardown_is_placed_at_its_frames():
+    frames = [
+        "_abort_process_group (/site/torch/distributed/distributed_c10d.py:2101)",
+        "_maybe_destroy_process_group (/site/megatron/bridge/training/pretrain.py:282)",
+    ]
+    rank = Rank(3, "node2", registered={"pid": 103}, answer={"distributed": False, "last_step": 3}, frames=frames)
+
+    assert hang_report.whereabouts(rank, []) == (
+        "training ended with an error (its log has it) and it hangs in the teardown, at _abort_process_group"
+        " (distributed_c10d.py:2101) from _maybe_destroy_process_group (pretrain.py:282)"
+    )
+
+
+def test_an_ordinary_stop_counts_a_rank_as_answered_by_its_stacks_or_its_answer():
+    ranks = {
+        0: Rank(0, "h", registered={"pid": 1}, answer={"last_step": 3}),  # its answer; its stacks not read
+        1: Rank(1, "h", registered={"pid": 2}, frames=["step (x.py:1)"]),  # its stacks; its answer still being written
+        2: Rank(2, "h"),  # never registered
+    }
+    stop = hang_report.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
+
+    assert hang_report.summary(ranks, [], "why", Path("/r"), stop)[1] == (
+        "srun.sh:   an ordinary stop: 2 of 3 ranks answered; because"
+    )
+
+
+def test_ranks_that_ended_with_different_exit_statuses_are_not_put_together():
+    ranks = {n: Rank(n, "h", ended=f"it had ended, with exit status {n}") for n in range(2)}
+
+    assert hang_report.frames_by_rank(ranks) == [
+        "  rank 0 on h: it had ended, with exit status 0",
+        "  rank 1 on h: it had ended, with exit status 1",
+    ]
+
+
+def test_a_rank_whose_gpu_never_started_it_and_whose_stacks_did_not_come_is_said_to_have_no_stacks():
+    started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1]")
+    queued = dump([entry("0", 8, "completed"), entry("0", 9, "scheduled")], {"0": (9, 8)}, ranks="[0, 1]")
+    ranks = ranks_with({0: started, 1: queued})
+    ranks[1].frames = []
+
+    found = hang_report.collectives(ranks, 2)
+
+    assert hang_report.whereabouts(ranks[1], found) == (
+        "its GPU never started it (the work queued before it is stuck), at no stacks"
+    )
+    assert hang_report.frames_by_rank({1: ranks[1]}) == ["  rank 1 on node1 (pid 101): no stacks"]
