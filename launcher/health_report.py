@@ -398,10 +398,13 @@ def blame(late: list[int], records: dict[int, dict], layout: Layout, nodes: dict
         record = records.get(rank, {})
         part = record.get("part") or "start"
         members = record.get("group") or list(range(layout.world))
+        # A finished member went through every part (its record has no part any more: a broadcast's root is done
+        # early).
+        unfinished = [m for m in members if not records.get(m, {}).get("finished")]
         if part == "start":
-            behind = [m for m in members if records.get(m, {}).get("stage") != "rendezvous"]
+            behind = [m for m in unfinished if records.get(m, {}).get("stage") != "rendezvous"]
         else:
-            behind = [m for m in members if part_order(records.get(m, {}).get("part") or "start") < part_order(part)]
+            behind = [m for m in unfinished if part_order(records.get(m, {}).get("part") or "start") < part_order(part)]
         for member in behind:
             where = records.get(member)
             if not where:
