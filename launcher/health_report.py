@@ -590,6 +590,9 @@ def main() -> int:
     parser.add_argument("--ranks-per-node", type=int, required=True)
     argv = sys.argv[1:]
     if "--" not in argv:
+        if {"-h", "--help"} & set(argv):  # asks for no check: no launch command needed
+            parser.print_help()
+            parser.exit()
         parser.error("the launch command comes after --")
     args = parser.parse_args(argv[: argv.index("--")])
     args.launch = argv[argv.index("--") + 1 :]

@@ -1177,3 +1177,17 @@ def test_a_check_stopped_by_a_signal_says_so_and_does_not_pass(tmp_path, monkeyp
     report = json.loads((tmp_path / "health.json").read_text())
     assert (report["passed"], report["outcome"]) == (False, "stopped")
     assert report["job"]["finding"] == "the check was stopped before it finished"
+
+
+def test_help_without_a_launch_prints_the_usage_and_what_each_option_is(monkeypatch, capsys):
+    """`health_report.py --help` asks for no check, so it needs no launch command after --."""
+    monkeypatch.setenv("COLUMNS", "200")  # one line per option
+    monkeypatch.setattr(sys, "argv", ["health_report.py", "--help"])
+
+    with pytest.raises(SystemExit) as exit_:
+        health_report.main()
+
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert "RUN_DIR --timeout S --nodes HOST,... --ranks-per-node G -- LAUNCH..." in out  # the module's usage
+    assert re.search(r"--timeout TIMEOUT +\S", out) and re.search(r"--nodes NODES +\S", out)  # each says what it is
