@@ -1179,10 +1179,11 @@ def test_a_check_stopped_by_a_signal_says_so_and_does_not_pass(tmp_path, monkeyp
     assert report["job"]["finding"] == "the check was stopped before it finished"
 
 
-def test_help_without_a_launch_prints_the_usage_and_what_each_option_is(monkeypatch, capsys):
+@pytest.mark.parametrize("option", ["--help", "-h"])
+def test_help_without_a_launch_prints_the_usage_and_what_each_option_is(option, monkeypatch, capsys):
     """`health_report.py --help` asks for no check, so it needs no launch command after --."""
     monkeypatch.setenv("COLUMNS", "200")  # one line per option
-    monkeypatch.setattr(sys, "argv", ["health_report.py", "--help"])
+    monkeypatch.setattr(sys, "argv", ["health_report.py", option])
 
     with pytest.raises(SystemExit) as exit_:
         health_report.main()
