@@ -1116,9 +1116,10 @@ def test_a_long_start_does_not_count_against_the_next_parts_deadline(tmp_path, m
     done = healthy(layout)[0]
     at_start = done | {"part": "start", "stage": "rendezvous", "finished": False, "results": {}}
     in_gpu = done | {"part": "gpu", "stage": "running", "group": [0], "finished": False}
-    launch = launch_in_phases(tmp_path, [({0: at_start}, 1.5), ({0: in_gpu}, 0.1), ({0: done}, 0)])
+    # 2 s in the start (more than a timeout, less than 3); 0.8 s in the GPU test: polls (every 0.5 s) see it there.
+    launch = launch_in_phases(tmp_path, [({0: at_start}, 2.0), ({0: in_gpu}, 0.8), ({0: done}, 0)])
 
-    assert check(tmp_path, layout, launch, 1.0, monkeypatch) == 0
+    assert check(tmp_path, layout, launch, 1.5, monkeypatch) == 0
 
     assert json.loads((tmp_path / "health.json").read_text())["outcome"] == "finished"
 
