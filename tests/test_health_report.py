@@ -1192,4 +1192,6 @@ def test_help_without_a_launch_prints_the_usage_and_what_each_option_is(option, 
     out = capsys.readouterr().out
     assert exit_.value.code == 0
     assert "RUN_DIR --timeout S --nodes HOST,... --ranks-per-node G -- LAUNCH..." in out  # the module's usage
-    assert re.search(r"--timeout TIMEOUT +\S", out) and re.search(r"--nodes NODES +\S", out)  # each says what it is
+    # Each option's line says what it takes: the unit, the hosts' order and format (the usage's HOST,...).
+    assert re.search(r"^  --timeout TIMEOUT +seconds ", out, re.MULTILINE)
+    assert re.search(r"^  --nodes NODES +.*in rank order, comma-separated$", out, re.MULTILINE)
