@@ -398,10 +398,13 @@ def blame(late: list[int], records: dict[int, dict], layout: Layout, nodes: dict
         record = records.get(rank, {})
         part = record.get("part") or "start"
         members = record.get("group") or list(range(layout.world))
+        # A finished member went through every part (its record has no part any more: a broadcast's root is done
+        # early).
+        unfinished = [m for m in members if not records.get(m, {}).get("finished")]
         if part == "start":
-            behind = [m for m in members if records.get(m, {}).get("stage") != "rendezvous"]
+            behind = [m for m in unfinished if records.get(m, {}).get("stage") != "rendezvous"]
         else:
-            behind = [m for m in members if part_order(records.get(m, {}).get("part") or "start") < part_order(part)]
+            behind = [m for m in unfinished if part_order(records.get(m, {}).get("part") or "start") < part_order(part)]
         for member in behind:
             where = records.get(member)
             if not where:
@@ -587,6 +590,9 @@ def main() -> int:
     parser.add_argument("--ranks-per-node", type=int, required=True)
     argv = sys.argv[1:]
     if "--" not in argv:
+        if {"-h", "--help"} & set(argv):  # asks for no check: no launch command needed
+            parser.print_help()
+            parser.exit()
         parser.error("the launch command comes after --")
     args = parser.parse_args(argv[: argv.index("--")])
     args.launch = argv[argv.index("--") + 1 :]

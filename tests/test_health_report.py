@@ -251,7 +251,10 @@ def spread_nodes(layout: Layout, figures: dict[str, tuple[float, float]]) -> dic
     return records
 
 
-@pytest.mark.parametrize(("below", "flagged"), [(THRESHOLD - 0.01, False), (THRESHOLD + 0.01, True)])
+# Exactly 10% below is not "more than 10%" (360 x 0.9 is 324.0 exactly).
+@pytest.mark.parametrize(
+    ("below", "flagged"), [(THRESHOLD - 0.01, False), (THRESHOLD, False), (THRESHOLD + 0.01, True)]
+)
 def test_a_node_is_slow_just_past_the_documented_threshold_and_not_just_before_it(four_nodes, tmp_path, below, flagged):
     median = 360.0
     records = spread_nodes(four_nodes, {"c": (median * (1 - below), median * (1 - below) * 1.01)})
@@ -281,6 +284,7 @@ def test_the_noise_guard_is_the_median_spread_of_the_nodes_not_the_widest_one(fo
 HEALTHY_BROADCAST = [0.409, 1.05, 1.19, 1.07, 1.01, 0.626, 0.981, 1.25, 0.352, 0.324, 0.915, 0.396]
 HEALTHY_BROADCAST += [0.36, 0.607, 0.314, 0.396, 0.33, 0.318, 0.608, 1.11, 0.951, 0.374, 0.383, 0.636]
 CAPPED_BROADCAST = [0.0598, 0.0597, 0.0598, 0.0596, 0.0599, 0.0597] * 2  # node3 at 500 Mbit/s
+CAPPED_BROADCAST_BY_PARTNER = [CAPPED_BROADCAST[0::2], CAPPED_BROADCAST[1::2]]  # three_nodes_retested: with a, with b
 
 
 def three_nodes_retested(first: float, own: list[float], reference: list[float]) -> tuple[Layout, dict]:
@@ -333,6 +337,9 @@ def test_a_capped_link_is_condemned_with_how_sure_and_the_samples_it_rests_on(tm
     assert f"srun.sh: c: {reason}: exclude it: --exclude=c" in lines
     samples = next(line for line in lines if line.startswith("srun.sh: c:   pair broadcast best sample of each"))
     assert "a b 0.409 1.05 1.19" in samples and "a c 0.0598 0.0598 0.0599" in samples and "b c 0.0597 0.0596" in samples
+    groups = [group.split() for group in samples.split("in order: ")[1].split("; ")]  # a pair, then its samples
+    assert [group[:2] for group in groups] == [["a", "b"], ["a", "c"], ["b", "c"]]
+    assert [[float(v) for v in group[2:]] for group in groups] == [HEALTHY_BROADCAST[:12], *CAPPED_BROADCAST_BY_PARTNER]
     assert c.evidence[0]["samples"]["a b"] == HEALTHY_BROADCAST[:12]
 
 
@@ -523,7 +530,8 @@ def test_the_launch_command_must_come_after_a_double_dash(tmp_path, monkeypatch,
     monkeypatch.setattr(sys, "argv", ["health_report.py", str(tmp_path), "--timeout", "1", "--nodes", "a"])
     with pytest.raises(SystemExit) as exit_:
         health_report.main()
-    assert exit_.value.code == 2 and "the launch command comes after --" in capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "health_report.py: error: the launch command comes after --"
 
 
 def test_parts_are_ordered_and_named_as_docs_health_md_lists_them():
@@ -617,6 +625,7 @@ def test_the_console_gives_the_job_figures_and_numbers_in_three_digits(tmp_path)
     assert lines[0].startswith("srun.sh: health check of 2 node(s) x 1 rank(s) over gloo, nccl, 3.0 s;")
     assert "job (2 ranks): all-reduce 123 GB/s, broadcast 0.0457 GB/s" in lines
     assert [health_report.number(v) for v in (None, 99.94, 100.0, 4.3)] == ["n/a", "99.9", "100", "4.3"]
+    assert health_report.number(2250.4) == "2250"  # a B200's bf16 matmul TF/s: whole, not "2.25e+03"
     assert health_report.job_figures(records) == {"all_reduce": 123.4, "broadcast": 0.04567}
 
 
@@ -862,3 +871,327 @@ def test_a_check_without_a_required_argument_is_refused_and_starts_nothing(left_
 
     assert refused.value.code == 2 and left_out in capsys.readouterr().err
     assert not started.exists()
+
+
+def test_a_broadcast_root_that_finished_the_check_is_not_blamed_for_its_peer_stuck_in_it(tmp_path):
+    """A broadcast's root is done early: it can finish the whole check while a receiver still waits in the last
+    part. launcher/health.py's finished record has no part any more (None), and that is no rank "still at the
+    start"."""
+    record = health.Record(tmp_path / "health" / "rank-0.json", {"rank": 0, "host": "a"})
+    record.enter("job.broadcast", [0, 1])
+    record.done(collective([0, 1], 1.0))
+    record.finish()
+    layout = Layout(["a", "b"], 1)
+    records = healthy(layout)
+    records[0] = json.loads((tmp_path / "health" / "rank-0.json").read_text())
+    records[1] |= {"part": "job.broadcast", "stage": "running", "group": [0, 1], "finished": False}
+
+    nodes, job = judged(layout, records, "deadline", late=[1], tmp_path=tmp_path)
+
+    assert (nodes["a"].verdict, nodes["a"].reasons) == ("ok", [])
+    assert (nodes["b"].verdict, nodes["b"].reasons) == ("blocked", ["rank 1 did not finish: the check stopped"])
+    assert job.startswith("job broadcast did not finish within 60 s (ranks 0-1)")
+
+
+def test_a_hang_is_blamed_on_the_ranks_behind_even_after_another_late_rank_found_no_node_to_blame(tmp_path):
+    """Node b's ranks completed the job's all-reduce and wait in its broadcast; node a's are still in the all-reduce.
+    Rank 0, first, finds no member behind it; rank 2, later, finds node a's ranks behind."""
+    layout = Layout(["a", "b"], 2)
+    records = healthy(layout)
+    for rank in range(4):
+        part = "job.all_reduce" if rank < 2 else "job.broadcast"
+        records[rank] |= {"part": part, "stage": "running", "group": [0, 1, 2, 3], "finished": False}
+
+    nodes, _ = judged(layout, records, "deadline", late=[0, 1, 2, 3], tmp_path=tmp_path)
+
+    assert nodes["a"].verdict == "hang" and nodes["b"].verdict == "blocked"
+    assert nodes["a"].reasons[:2] == [
+        "rank 0 never reached job broadcast: still in job all-reduce",
+        "rank 1 never reached job broadcast: still in job all-reduce",
+    ]
+
+
+def test_a_gpu_fault_is_found_on_a_rank_after_one_of_its_node_without_a_gpu_result(tmp_path):
+    layout = Layout(["a", "b"], 2)
+    records = healthy(layout)
+    records[0] |= {"part": "start", "error": "RuntimeError: CUDA error: invalid device ordinal", "finished": False}
+    records[0]["results"] = {}  # it failed before the GPU test
+    records[1]["results"]["gpu"] = gpu("GPU-1", device=1) | {"visible": 1}
+
+    nodes, _ = judged(layout, records, "exited", tmp_path=tmp_path)
+
+    assert nodes["a"].verdict == "fail" and "rank 1 sees 1 GPU(s), none for local rank 1" in nodes["a"].reasons
+    assert nodes["b"].verdict == "ok"
+
+
+def test_a_gpu_whose_memory_another_process_holds_entirely_is_slow_not_a_crash(four_nodes, tmp_path):
+    records = healthy(four_nodes)
+    records[3]["results"]["gpu"]["free_gib"] = 0.0
+
+    nodes, _ = judged(four_nodes, records, tmp_path=tmp_path)
+
+    assert nodes["b"].reasons == ["rank 3: free memory 0 is 100% below the median 139"]
+    assert [host for host, node in nodes.items() if node.failed] == ["b"]
+
+
+def test_the_noise_guard_holds_for_figures_of_any_size(four_nodes, tmp_path):
+    """NVLink's hundreds of GB/s as well as gloo's fractions: node c's all-reduce is 20% below the median, but every
+    node's samples spread 25%, so it is noise."""
+    records = spread_nodes(
+        four_nodes, {"a": (360.0, 480.0), "b": (360.0, 480.0), "c": (288.0, 390.0), "d": (360.0, 480.0)}
+    )
+
+    nodes, _ = judged(four_nodes, records, tmp_path=tmp_path)
+
+    assert not any(node.failed for node in nodes.values()), nodes["c"].reasons
+
+
+def test_a_gpu_figure_within_the_spread_of_every_gpus_samples_is_noise(four_nodes, tmp_path):
+    """The guard of GPU figures is their best samples' spread too: rank 5's matmul is 23% below the median, and
+    every GPU's median sample lies 25% below its best."""
+    records = healthy(four_nodes, matmul={5: 600.0})
+    for rank, record in records.items():
+        record["results"]["gpu"]["matmul_tflops_best"] = 800.0 if rank == 5 else 1040.0
+
+    nodes, _ = judged(four_nodes, records, tmp_path=tmp_path)
+
+    assert not any(node.failed for node in nodes.values()), nodes["c"].reasons
+
+
+def test_a_figure_exactly_as_far_below_as_the_samples_typically_spread_is_noise(four_nodes, tmp_path):
+    """docs/health.md: slow when "further below than the job's samples typically spread": node c is 50% below the
+    median, and every node's median sample lies 50% below its best."""
+    records = spread_nodes(
+        four_nodes, {"a": (200.0, 400.0), "b": (200.0, 400.0), "c": (100.0, 200.0), "d": (200.0, 400.0)}
+    )
+
+    nodes, _ = judged(four_nodes, records, tmp_path=tmp_path)
+
+    assert not any(node.failed for node in nodes.values()), nodes["c"].reasons
+
+
+def test_a_pair_all_reduce_measured_once_low_is_only_suspect_like_a_broadcast(tmp_path):
+    layout = Layout(["a", "b", "c"], 1)
+    records = healthy(layout)  # pair all-reduce 95 GB/s
+    for rank in (0, 2):
+        records[rank]["results"]["pair.1.all_reduce"] |= collective([0, 2], 30.0)
+
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+
+    assert [node.verdict for node in nodes.values()] == ["ok", "ok", "suspect"]
+    assert nodes["c"].reasons == [
+        "suspect, not excluded: best pair all-reduce 30 GB/s is 68% below the median 95 in one measurement, not"
+        " retested"
+    ]
+
+
+def test_a_pair_exactly_at_90_percent_of_the_median_is_not_suspect(tmp_path):
+    """docs/health.md: a best pair "more than 10% below the nodes' median" is suspect; 0.9 of 1.0 is not more."""
+    layout = Layout(["a", "b", "c"], 1)
+    records = healthy(layout)
+    for rank in (0, 1):
+        records[rank]["results"]["pair.0.broadcast"] |= collective([0, 1], 1.0)
+    for rank in (0, 2):
+        records[rank]["results"]["pair.1.broadcast"] |= collective([0, 2], 0.9)
+
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+
+    assert [node.verdict for node in nodes.values()] == ["ok", "ok", "ok"]
+
+
+def test_retests_exactly_10_percent_below_that_rule_out_noise_are_suspect_not_slow(tmp_path):
+    """Slow takes "more than 10% below"; an order that rules out noise, at exactly 10% below, is suspect."""
+    own, reference = [0.86, 0.9, 0.94] * 4, [0.96, 1.0, 1.04] * 4  # medians 0.9 and 1.0
+    assert health_report.noise_chance(own, reference) <= NOISE_CHANCE
+    layout, records = three_nodes_retested(0.5, own, reference)
+
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+
+    assert nodes["c"].verdict == "suspect", nodes["c"].reasons
+    assert nodes["c"].reasons[0].startswith("suspect, not excluded: pair broadcast with a and b 0.9 GB/s is 10% below")
+
+
+def test_retests_far_below_in_an_order_noise_gives_exactly_1_in_20_are_suspect(tmp_path):
+    """docs/health.md: suspect at "at most 1 in 20": three retests each way, all of its below all of the reference's,
+    is one order of the 20."""
+    own, reference = [0.5, 0.52, 0.51], [1.0, 1.02, 1.01]
+    assert health_report.noise_chance(own, reference) == SUSPECT_CHANCE == 1 / math.comb(6, 3)
+    layout, records = three_nodes_retested(0.5, own, reference)
+
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+
+    assert [node.verdict for node in nodes.values()] == ["ok", "ok", "suspect"]
+
+
+def test_two_suspects_retested_in_the_same_steps_are_each_judged_on_all_their_retests(tmp_path):
+    """Suspects whose pairs share no node are retested at once (docs/health.md): one part, two pairs. Eight nodes,
+    c and f behind capped links; the pairs and steps are launcher/health.py's own plan."""
+    layout = Layout(list("abcdefgh"), 1)
+    low = {(2, 3): 0.07, (0, 2): 0.06, (2, 6): 0.06, (4, 5): 0.07, (5, 7): 0.06, (1, 5): 0.06}
+    figures = {(a, b): low.get((a, b), 1.3 if (a, b) == (1, 3) else 1.0) for a in range(8) for b in range(a + 1, 8)}
+    records = healthy(layout)
+    for record in records.values():
+        for part, result in record["results"].items():
+            if part.startswith("pair.") and part.endswith(".broadcast"):
+                record["results"][part] = result | collective(result["ranks"], figures[tuple(result["ranks"])])
+    measured = {pair: figures[pair] for pair in {tuple(r["results"][p]["ranks"]) for r in records.values()
+                                                 for p in r["results"] if p.startswith("pair.")}}  # fmt: skip
+    plan = health.retest_plan({"broadcast": best_pairs(measured)})
+    assert any(len({suspect for suspect, _, _ in step}) == 2 for step in plan)  # the case: both in one step
+    count = {2: 0, 5: 0}
+    for index, step in enumerate(plan):
+        for suspect, role, pair in step:
+            if role == "reference":
+                figure = HEALTHY_BROADCAST[count[suspect] // 2]
+            else:
+                figure = CAPPED_BROADCAST[count[suspect] // 2]
+            count[suspect] += 1
+            result = collective(list(pair), figure, best=figure)
+            result |= {"suspect": layout.hosts[suspect], "role": role, "pair": [layout.hosts[n] for n in pair]}
+            for rank in pair:
+                records[rank]["results"][f"retest.{index}.broadcast"] = result
+
+    nodes, _ = judged(layout, records, tmp_path=tmp_path)
+
+    assert [host for host, node in nodes.items() if node.failed] == ["c", "f"]
+    for host in "cf":
+        (reason,) = nodes[host].reasons
+        assert "(the median best sample of 12 and 12 retests)" in reason, reason
+
+
+def test_two_suspect_nodes_are_named_as_a_node_list_when_the_check_passes(tmp_path):
+    layout = Layout(["a", "b", "c", "d"], 1)  # pairs: a-b, c-d in round 0; a-c, b-d in round 1
+    records = healthy(layout)
+    for pair, figure in {(0, 1): 1.0, (2, 3): 0.1, (0, 2): 0.1, (1, 3): 0.1}.items():
+        for rank in pair:
+            part = next(p for p, r in records[rank]["results"].items() if r.get("ranks") == list(pair))
+            records[rank]["results"][part.replace("all_reduce", "broadcast")] |= collective(list(pair), figure)
+    run = Run(tmp_path, layout, records, "finished", [], 60.0, 5.0)
+    nodes, job = health_report.judge(run)
+
+    lines = health_report.console(run, nodes, job)
+
+    assert [node.verdict for node in nodes] == ["ok", "ok", "suspect", "suspect"]
+    assert lines[-1] == (
+        f"srun.sh: health check passed on all 4 node(s), c,d suspect (not excluded: run the check again);"
+        f" {tmp_path / 'health.json'}"
+    )
+
+
+def test_the_table_of_one_gpu_without_collectives_is_the_one_in_docs_health_md(tmp_path):
+    """docs/health.md's example: one node of one rank measures no collective, so no size is named."""
+    rows = [line for line in DOCS.splitlines() if line.startswith("| vm ")]
+    (row,) = [[cell.strip() for cell in line.strip("|").split("|")] for line in rows]
+    layout = Layout(["vm"], 1)
+    record = healthy(layout)[0]
+    record["results"] = {"start": {"backend": "nccl", "seconds": 1}, "gpu": gpu("GPU-0", 785.0) | {"hbm_tb_s": 4.21}}
+    run = Run(tmp_path, layout, {0: record}, "finished", [], 60.0, 3.0)
+    nodes, job = health_report.judge(run)
+
+    lines = health_report.console(run, nodes, job)
+
+    assert lines[0].endswith(", 3.0 s; bus bandwidth in GB/s (pair: the best partner's)")
+    assert lines[2].split() == row
+
+
+def launch_in_phases(tmp_path: Path, phases: list[tuple[dict, float]], then: str = "") -> list[str]:
+    """A launch that writes each phase's records as launcher/health.py does, then waits the phase's seconds."""
+    source = tmp_path / "phases.json"
+    source.write_text(json.dumps(phases))
+    program = (
+        "import json, os, pathlib, sys, time\n"
+        "health = pathlib.Path(sys.argv[1]) / 'health'\n"
+        "for records, seconds in json.loads(pathlib.Path(sys.argv[2]).read_text()):\n"
+        "    for rank, record in records.items():\n"
+        "        (health / '.tmp').write_text(json.dumps(record))\n"
+        "        os.replace(health / '.tmp', health / f'rank-{rank}.json')\n"
+        "    time.sleep(seconds)\n" + then
+    )
+    return [sys.executable, "-c", program, str(tmp_path), str(source)]
+
+
+def test_a_long_start_does_not_count_against_the_next_parts_deadline(tmp_path, monkeypatch):
+    """The start may take 3 timeouts from the launch; the GPU test's clock starts when the rank enters it."""
+    layout = Layout(["a"], 1)
+    done = healthy(layout)[0]
+    at_start = done | {"part": "start", "stage": "rendezvous", "finished": False, "results": {}}
+    in_gpu = done | {"part": "gpu", "stage": "running", "group": [0], "finished": False}
+    # 2 s in the start (more than a timeout, less than 3); 0.8 s in the GPU test: polls (every 0.5 s) see it there.
+    launch = launch_in_phases(tmp_path, [({0: at_start}, 2.0), ({0: in_gpu}, 0.8), ({0: done}, 0)])
+
+    assert check(tmp_path, layout, launch, 1.5, monkeypatch) == 0
+
+    assert json.loads((tmp_path / "health.json").read_text())["outcome"] == "finished"
+
+
+def test_a_rank_in_a_part_past_the_timeout_is_late_before_the_starts_three_timeouts(tmp_path, monkeypatch):
+    """A rank 4.5 s in the GPU test with a 2 s timeout is stuck, though the start may take 6 s: the check does not
+    wait until it happens to finish."""
+    layout = Layout(["a"], 1)
+    done = healthy(layout)[0]
+    in_gpu = done | {"part": "gpu", "stage": "running", "group": [0], "finished": False}
+    launch = launch_in_phases(tmp_path, [({0: in_gpu}, 4.5), ({0: done}, 0)])
+
+    assert check(tmp_path, layout, launch, 2.0, monkeypatch) == 1
+
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert (report["outcome"], report["failed_nodes"]) == ("deadline", ["a"])
+    assert report["nodes"][0]["reasons"] == ["the GPU test did not finish within 2 s (ranks 0)"]
+
+
+def test_a_launch_whose_ranks_finished_is_left_to_end_by_itself_and_its_time_counted(tmp_path, monkeypatch):
+    """Its ranks' last words (launcher/rank.sh writes each rank's status after it exits) are not cut off by a
+    SIGTERM, and the check's seconds are the wall time it took, waiting included."""
+    layout = Layout(["a"], 1)
+    status = tmp_path / "logs" / "rank-0.status"
+    then = f"time.sleep(1.0)\npathlib.Path({str(status)!r}).write_text('0 1796117746 a\\n')\n"
+    launch = launch_in_phases(tmp_path, [(healthy(layout), 0)], then=f"os.makedirs({str(status.parent)!r})\n" + then)
+
+    started = time.monotonic()
+    assert check(tmp_path, layout, launch, 30.0, monkeypatch) == 0
+    took = time.monotonic() - started
+
+    assert status.read_text() == "0 1796117746 a\n"
+    assert 1.0 <= json.loads((tmp_path / "health.json").read_text())["seconds"] <= round(took, 1) + 0.05
+
+
+def test_a_check_into_a_run_dir_not_made_yet_makes_it(tmp_path, monkeypatch):
+    layout = Layout(["a"], 1)
+    run_dir = tmp_path / "outputs" / "health" / "run-1"
+    launch = launch_writing(tmp_path, healthy(layout))
+    launch[-2] = str(run_dir)  # the records it writes go to RUN_DIR/health
+
+    assert check(run_dir, layout, launch, 30.0, monkeypatch) == 0
+
+    assert json.loads((run_dir / "health.json").read_text())["passed"] is True
+
+
+def test_a_check_stopped_by_a_signal_says_so_and_does_not_pass(tmp_path, monkeypatch):
+    """srun.sh gets SIGTERM (scancel, Ctrl-C) while the ranks are still in the check."""
+    layout = Layout(["a"], 1)
+    in_gpu = healthy(layout)[0] | {"part": "gpu", "stage": "running", "group": [0], "finished": False}
+    then = "import signal\nos.kill(os.getppid(), signal.SIGTERM)\ntime.sleep(600)\n"
+    launch = launch_in_phases(tmp_path, [({0: in_gpu}, 0)], then=then)
+
+    assert check(tmp_path, layout, launch, 30.0, monkeypatch) == 1
+
+    report = json.loads((tmp_path / "health.json").read_text())
+    assert (report["passed"], report["outcome"]) == (False, "stopped")
+    assert report["job"]["finding"] == "the check was stopped before it finished"
+
+
+@pytest.mark.parametrize("option", ["--help", "-h"])
+def test_help_without_a_launch_prints_the_usage_and_what_each_option_is(option, monkeypatch, capsys):
+    """`health_report.py --help` asks for no check, so it needs no launch command after --."""
+    monkeypatch.setenv("COLUMNS", "200")  # one line per option
+    monkeypatch.setattr(sys, "argv", ["health_report.py", option])
+
+    with pytest.raises(SystemExit) as exit_:
+        health_report.main()
+
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert "RUN_DIR --timeout S --nodes HOST,... --ranks-per-node G -- LAUNCH..." in out  # the module's usage
+    # Each option's line says what it takes: the unit, the hosts' order and format (the usage's HOST,...).
+    assert re.search(r"^  --timeout TIMEOUT +seconds ", out, re.MULTILINE)
+    assert re.search(r"^  --nodes NODES +.*in rank order, comma-separated$", out, re.MULTILINE)
