@@ -268,8 +268,11 @@ def spread(value: float, best: float) -> float:
 def outlier(value: float, values: list[float], spreads: list[float]) -> float | None:
     """How far below the job's median `value` is, when that is more than 10% and more than the job's samples
     typically spread (noise is no outlier: on GPUs samples agree to a few percent, gloo on a shared CPU's do not);
-    else None."""
-    below = 1 - value / statistics.median(values)
+    else None. A median of 0 (most GPUs with no memory free) leaves nothing to be below."""
+    median = statistics.median(values)
+    if median <= 0:
+        return None
+    below = 1 - value / median
     return below if below > max(1 - OUTLIER, statistics.median(spreads)) else None
 
 

@@ -1195,3 +1195,14 @@ def test_help_without_a_launch_prints_the_usage_and_what_each_option_is(option, 
     # Each option's line says what it takes: the unit, the hosts' order and format (the usage's HOST,...).
     assert re.search(r"^  --timeout TIMEOUT +seconds ", out, re.MULTILINE)
     assert re.search(r"^  --nodes NODES +.*in rank order, comma-separated$", out, re.MULTILINE)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.floats(0, 1e4), min_size=2))
+def test_any_figures_of_zero_or_more_give_outliers_without_an_error(figures):
+    """Measured figures are never negative, and may be 0 (a GPU another process fills: 0 GiB free); most of them 0
+    made the median 0, and the report died of a ZeroDivisionError instead of printing its table."""
+    found = health_report.outliers({who: (value, value) for who, value in figures.items()})
+
+    assert set(found) <= set(figures)
+    assert all(0.1 < below <= 1 for below, _ in found.values())

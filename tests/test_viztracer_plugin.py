@@ -195,6 +195,9 @@ def test_rank_stops_a_stuck_trace_writer_and_exits(tmp_path: Path):
     trace.parent.mkdir()
     os.mkfifo(trace)  # nobody reads it: the writer blocks opening it, as on a hung file system
     with rank_session(tmp_path, "0", "12", "3", "7", "0", "--writer-deadline", "1") as (rank, log):
+        # The clock starts once the window has closed and the writer is stuck, not at the start: the imports before
+        # step 1 took over 30 s on a loaded 2-core machine.
+        wait_until_printed(log, "step 7 done\n", rank, timeout_s=600)
         status = exit_status(rank, 30)
     output = log.read_text()
     assert status == 0, f"exit status {status} (None: still running after 30 s)\n{output}"
