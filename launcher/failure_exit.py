@@ -38,22 +38,23 @@ class ExitAfterFailure(logging.Handler):
             return
         status = chosen_exit_status(record)
         if status is None:
-            self.timer = threading.Timer(self.grace_s, self.exit_after_error)
+            grace, status = self.grace_s, 1
+            line = f"Megatron Bridge's clean-up after the error above did not return in {grace:g} s: the rank exits 1"
         else:
             say(f"training ended by its own sys.exit({status}); Megatron Bridge logs that as"
                 ' "Pretrain failed": it is not one')  # fmt: skip
-            self.timer = threading.Timer(self.exit_grace_s, self.exit_after_exit, args=(status,))
+            grace = self.exit_grace_s
+            line = (f"Megatron Bridge's clean-up after training's exit did not return in {grace:g} s: the rank exits"
+                    f" {status}, as training chose")  # fmt: skip
+        self.timer = threading.Timer(grace, leave, args=(status, line))
         self.timer.daemon = True
         self.timer.start()
 
-    def exit_after_error(self) -> None:
-        say(f"Megatron Bridge's clean-up after the error above did not return in {self.grace_s:g} s: the rank exits 1")
-        os._exit(1)
 
-    def exit_after_exit(self, status: int) -> None:
-        say(f"Megatron Bridge's clean-up after training's exit did not return in {self.exit_grace_s:g} s: the rank"
-            f" exits {status}, as training chose")  # fmt: skip
-        os._exit(status)
+def leave(status: int, line: str) -> None:
+    """End the process now, whatever its threads do, after saying why."""
+    say(line)
+    os._exit(status)
 
 
 def chosen_exit_status(record: logging.LogRecord) -> int | None:

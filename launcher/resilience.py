@@ -38,10 +38,11 @@ def pass_the_call_wrapper() -> None:
     from megatron.bridge.training import inprocess_restart as bridge
 
     build = bridge.inprocess_restart
+    signature = adapter_signature()
 
     def inprocess_restart(train_fn: Callable, config: InProcessRestartConfig, state: object) -> Callable:
         wrapped = build(train_fn, config, state)
-        wrapped.__wrapped__.__signature__ = ADAPTER_SIGNATURE  # the adapter, under NVRx's functools.wraps
+        wrapped.__wrapped__.__signature__ = signature  # the adapter, under NVRx's functools.wraps
         return wrapped
 
     bridge.inprocess_restart = inprocess_restart
@@ -58,9 +59,6 @@ def adapter_signature() -> inspect.Signature:
             kind("kwargs", kind.VAR_KEYWORD),
         ]
     )
-
-
-ADAPTER_SIGNATURE = adapter_signature()
 
 
 def restart_enabled(cfg: ConfigContainer) -> bool:

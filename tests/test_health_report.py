@@ -36,6 +36,13 @@ def collective(ranks: list[int], busbw: float, best: float | None = None) -> dic
     return {"ranks": ranks, "busbw_gb_s": {MIB: busbw}, "busbw_gb_s_best": {MIB: best or busbw * 1.01}, "seconds": 1}
 
 
+def pair_broadcasts(records: dict, ab: float, ac: float) -> None:
+    """On nodes a, b, c (one rank each): the pair broadcast of a with b at `ab` GB/s, of a with c at `ac`."""
+    for pair, ranks, busbw in ((0, [0, 1], ab), (1, [0, 2], ac)):
+        for rank in ranks:
+            records[rank]["results"][f"pair.{pair}.broadcast"] |= collective(ranks, busbw)
+
+
 def gpu(uuid: str, matmul: float = 780.0, device: int = 0) -> dict:
     result = {"applicable": True, "visible": 8, "device": device, "uuid": uuid, "free_gib": 139.0}
     return result | {
@@ -293,10 +300,7 @@ def three_nodes_retested(first: float, own: list[float], reference: list[float])
     samples."""
     layout = Layout(["a", "b", "c"], 1)
     records = healthy(layout)
-    for rank in (0, 1):
-        records[rank]["results"]["pair.0.broadcast"] |= collective([0, 1], 1.01)
-    for rank in (0, 2):
-        records[rank]["results"]["pair.1.broadcast"] |= collective([0, 2], first)
+    pair_broadcasts(records, 1.01, first)
     for index, (mine, theirs) in enumerate(zip(own, reference, strict=True)):
         partner = "ab"[index % 2]
         for step, (pair, figure, role) in enumerate(
@@ -371,10 +375,7 @@ def test_a_pair_measured_once_low_is_only_suspect(tmp_path):
     """Without retests (a check that measured no more) one low figure condemns nothing."""
     layout = Layout(["a", "b", "c"], 1)
     records = healthy(layout)
-    for rank in (0, 1):
-        records[rank]["results"]["pair.0.broadcast"] |= collective([0, 1], 1.01)
-    for rank in (0, 2):
-        records[rank]["results"]["pair.1.broadcast"] |= collective([0, 2], 0.0598)
+    pair_broadcasts(records, 1.01, 0.0598)
 
     nodes, _ = judged(layout, records, tmp_path=tmp_path)
 
@@ -698,10 +699,7 @@ def test_a_slow_gpu_and_a_slow_node_carry_the_samples_they_rest_on(four_nodes: L
 def test_a_pair_once_low_is_suspect_with_its_figure_named_and_a_retested_one_keeps_its_evidence(tmp_path):
     layout = Layout(["a", "b", "c"], 1)
     records = healthy(layout)
-    for rank in (0, 1):
-        records[rank]["results"]["pair.0.broadcast"] |= collective([0, 1], 1.01)
-    for rank in (0, 2):
-        records[rank]["results"]["pair.1.broadcast"] |= collective([0, 2], 0.9)  # 11% below: flagged, not retested
+    pair_broadcasts(records, 1.01, 0.9)  # 11% below: flagged, not retested
 
     nodes, _ = judged(layout, records, tmp_path=tmp_path)
 
@@ -989,10 +987,7 @@ def test_a_pair_exactly_at_90_percent_of_the_median_is_not_suspect(tmp_path):
     """docs/health.md: a best pair "more than 10% below the nodes' median" is suspect; 0.9 of 1.0 is not more."""
     layout = Layout(["a", "b", "c"], 1)
     records = healthy(layout)
-    for rank in (0, 1):
-        records[rank]["results"]["pair.0.broadcast"] |= collective([0, 1], 1.0)
-    for rank in (0, 2):
-        records[rank]["results"]["pair.1.broadcast"] |= collective([0, 2], 0.9)
+    pair_broadcasts(records, 1.0, 0.9)
 
     nodes, _ = judged(layout, records, tmp_path=tmp_path)
 

@@ -14,6 +14,7 @@ next completed step, and the steps lost (the fault's step minus the step trainin
 """
 
 import re
+import statistics
 
 import pytest
 import torch
@@ -136,5 +137,5 @@ def test_a_loaded_gpu_is_named_by_the_straggler_detector_and_stops_training_with
 
 
 def median_ms(run, steps: range) -> float | None:
-    times = sorted(run.step_ms[i] for i in steps if i in run.step_ms)
-    return times[len(times) // 2] if times else None
+    times = [run.step_ms[i] for i in steps if i in run.step_ms]
+    return statistics.median(times) if times else None
