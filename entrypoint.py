@@ -190,11 +190,12 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
         say_what_it_trains_on(cfg, sys.stdout)
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
-    hang_dumps.install(run_dir, rank)  # answers srun.sh's hang report: stacks and flight recorder
+    restarts = resilience.restart_enabled(cfg)
+    hang_dumps.install(run_dir, rank, restarts)  # answers srun.sh's hang report: stacks and flight recorder
     callbacks = CallbackManager()
     progress.register(callbacks, run_dir, rank)  # the step record srun.sh's hang watch reads
     straggler.install(cfg.nvrx_straggler, run_dir)  # scores to RUN_DIR/stragglers.log, a straggler named on the console
-    if resilience.restart_enabled(cfg):
+    if restarts:
         resilience.pass_the_call_wrapper()  # an upstream defect: _pretrain would not know it restarts
         restart_log.register(callbacks, run_dir)  # a line per in-process restart
     else:

@@ -44,6 +44,11 @@ TORCH_ENVIRONMENT = {
     ("TORCH_NCCL_ENABLE_TIMING",): "1",
     ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "1",
 }
+# With in-process restart, no dump of NCCL's own: once a communicator is aborted, torch 2.11 dumps and its heartbeat
+# monitor then sleeps TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (480 s) in a sleep that stopping the monitor does not end, and
+# NVRx's abort deletes the process group, whose destructor joins that thread: on the H200 the restart waited past
+# NVRx's hard timeout with the dump on and took 8 s with it off. NVRx dumps the flight recorder itself at an abort.
+RESTART_ENVIRONMENT = {**TORCH_ENVIRONMENT, ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "0"}
 
 _installed: dict[str, Any] = {}  # the open stacks file and the wake-up socket live as long as the process
 
@@ -52,13 +57,14 @@ def hang_dir(run_dir: Path) -> Path:
     return run_dir / "hang"
 
 
-def install(run_dir: Path, rank: int) -> None:
+def install(run_dir: Path, rank: int, in_process_restart: bool = False) -> None:
     """Answer srun.sh's SIGUSR2 from now on. Call it from the main thread, before torch.distributed starts."""
     directory = hang_dir(run_dir)
     for subdirectory in ("fr", "nccl-timeout"):
         (directory / subdirectory).mkdir(parents=True, exist_ok=True)
     timeout_dumps = {("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"): f"{directory}/nccl-timeout/rank-"}
-    for names, value in {**TORCH_ENVIRONMENT, **timeout_dumps}.items():
+    torch_environment = RESTART_ENVIRONMENT if in_process_restart else TORCH_ENVIRONMENT
+    for names, value in {**torch_environment, **timeout_dumps}.items():
         if not any(name in os.environ for name in names):
             os.environ[names[0]] = value
     stacks = open(directory / f"stacks-rank-{rank}.txt", "a")  # faulthandler writes to it until exit

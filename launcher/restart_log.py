@@ -2,8 +2,10 @@
 how many seconds passed until the next completed training step.
 
 nvidia-resiliency-ext's Wrapper says on its "nvrx" logger what interrupted a restart iteration: the rank whose
-function raised logs `fn_ex: <the exception>`, and every rank then logs `term_ex: RankShouldRestart('Interruption.KIND
-affecting ranks {R, ...}')`. A rank that raised leaves when, its host and its exception in RUN_DIR/restarts/rank-R.txt
+function raised logs `fn_ex: <the exception>`, every rank then logs `term_ex: RankShouldRestart('Interruption.KIND
+affecting ranks {R, ...}')`, a warning, and once the restart is under way `restart_ex: HealthCheckPassed()`.
+Megatron Bridge's `logger.filter_warnings` (on by default) drops every warning, term_ex among them: the ranks that
+raised then name the cause. A rank that raised leaves when, its host and its exception in RUN_DIR/restarts/rank-R.txt
 (the run directory is shared by every node); rank 0 (the active rank 0 of the iteration: the Wrapper renumbers the
 ranks through RANK) writes the line once the next step completes, and meanwhile marks the progress record
 "restarting", so that srun.sh's hang watch gives the restart the time it gives a start-up.
@@ -23,6 +25,7 @@ from launcher import progress
 NVRX_LOGGER = "nvrx"  # nvidia_resiliency_ext.shared_utils.log_manager.LogConfig.name
 RAISED = re.compile(r"\bfn_ex: (?P<error>.+)$")
 INTERRUPTED = re.compile(r"\bterm_ex: RankShouldRestart\('(?P<why>.*?)'\)")
+RESTARTING = re.compile(r"\brestart_ex: HealthCheckPassed\(")
 AFFECTED = re.compile(r"Interruption\.(?P<kind>\w+) affecting ranks \{(?P<ranks>[0-9, ]*)\}")
 ERROR_CHARS = 160
 LOG_FILE = "restarts.log"
@@ -48,7 +51,7 @@ def rank() -> int | None:
 
 class RestartLog(logging.Handler):
     def __init__(self, run_dir: Path) -> None:
-        super().__init__(level=logging.WARNING)
+        super().__init__(level=logging.INFO)
         self.run_dir = run_dir
         self.count = 0
         self.pending: Pending | None = None
@@ -59,6 +62,8 @@ class RestartLog(logging.Handler):
             self.leave_own_error(raised["error"])
         elif (interrupted := INTERRUPTED.search(message)) and self.pending is None:
             self.restart_seen(interrupted["why"])
+        elif RESTARTING.search(message) and self.pending is None:
+            self.restart_seen("")  # the warning above was filtered: the ranks that raised say who (step_completed)
 
     def leave_own_error(self, error: str) -> None:
         folder = self.run_dir / "restarts"
@@ -83,6 +88,8 @@ class RestartLog(logging.Handler):
         self.count += 1
         if rank() != 0:
             return None
+        if not pending.groups and (raised := self.ranks_that_raised()):
+            pending.groups = [("EXCEPTION", raised)]
         errors = self.errors(pending.ranks)
         # From the fault: the failed rank's own time of it, where it left one (hosts' clocks agree to NTP's accuracy).
         pending.at = min([pending.at, *(at for at, _ in errors.values())])
@@ -91,6 +98,10 @@ class RestartLog(logging.Handler):
         with (self.run_dir / LOG_FILE).open("a") as log:
             log.write(line + "\n")
         return line
+
+    def ranks_that_raised(self) -> list[int]:
+        paths = (self.run_dir / "restarts").glob("rank-*.txt")
+        return sorted(int(rank) for path in paths if (rank := path.stem.removeprefix("rank-")).isdigit())
 
     def errors(self, ranks: list[int]) -> dict[int, tuple[float, str]]:
         """When each affected rank that raised did, and 'HOST: ERROR'."""

@@ -9,18 +9,21 @@ training function (see its docstring for what a CPU cannot run).
 import datetime
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron.bridge.training.config import InProcessRestartConfig
 from nvidia_resiliency_ext.inprocess import CallWrapper
 from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
 from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 from nvidia_resiliency_ext.inprocess.utils import log_exc
+from nvidia_resiliency_ext.inprocess.wrap import HealthCheckPassed
 
 import entrypoint
 from launcher import inprocess, progress, resilience, restart_log
@@ -175,6 +178,97 @@ def test_one_line_per_restart_names_the_rank_its_error_and_the_seconds_to_the_ne
     )
     assert (tmp_path / "restarts.log").read_text() == line + "\n"
     assert handler.step_completed(102) is None
+
+
+@pytest.fixture
+def bridge_logging():
+    """Megatron Bridge's own logging set-up, as _pretrain runs it (logger.filter_warnings on, its default): a filter
+    that drops WARNING records on every logger there is, NVRx's among them. Undone afterwards."""
+    from megatron.bridge.training.utils.log_utils import setup_logging, warning_filter
+
+    root_level = logging.getLogger().level
+    setup_logging()
+    yield
+    for logger in [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]:
+        logger.removeFilter(warning_filter)
+    logging.getLogger().setLevel(root_level)
+
+
+def test_the_restart_line_survives_megatron_bridges_filter_of_nvrx_warnings(tmp_path, monkeypatch, bridge_logging):
+    """On the H200 NVRx restarted in place, and no line came: Megatron Bridge drops NVRx's term_ex warning. The
+    records, in the order and at the levels the Wrapper logged them there; the line names the rank that raised."""
+    handler = restart_log.install(tmp_path)
+    try:
+        monkeypatch.setenv("RANK", "0")
+        nvrx_says(logging.ERROR, log_exc(0, RuntimeError("injected fault at step 17"), "fn_ex"))
+        interrupted = RankShouldRestart(
+            f"{InterruptionRecord(0, Interruption.EXCEPTION).interruption} affecting ranks {{0}}"
+        )
+        nvrx_says(logging.WARNING, log_exc(0, interrupted, "term_ex"))
+        nvrx_says(logging.INFO, log_exc(0, HealthCheckPassed(), "restart_ex"))
+        assert progress.LAST.phase == "restarting"
+        line = handler.step_completed(16)
+    finally:
+        logging.getLogger(restart_log.NVRX_LOGGER).removeHandler(handler)
+
+    host = os.uname().nodename
+    assert line is not None
+    assert line.split(": ", 1)[1].startswith(
+        f"rank(s) 0 EXCEPTION (rank 0 on {host}: RuntimeError('injected fault at step 17')); step 16 completed"
+    )
+
+
+def test_a_restart_whose_cause_left_no_record_says_so_rather_than_naming_a_rank(tmp_path, monkeypatch, bridge_logging):
+    """A rank that was killed leaves no error of its own; with NVRx's warning filtered nobody is named."""
+    handler = restart_log.install(tmp_path)
+    try:
+        monkeypatch.setenv("RANK", "0")
+        nvrx_says(logging.INFO, log_exc(0, HealthCheckPassed(), "restart_ex"))
+        line = handler.step_completed(9)
+    finally:
+        logging.getLogger(restart_log.NVRX_LOGGER).removeHandler(handler)
+
+    assert line is not None
+    assert line.split(": ", 1)[1].startswith("rank(s) ? unknown interruption; step 9 completed")
+
+
+# A rank's start, as entrypoint.py makes it, up to torch.distributed: what torch's NCCL dump-on-timeout switch is then.
+DUMP_SWITCH = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from launcher import hang_dumps
+hang_dumps.install(Path(sys.argv[1]), 0, in_process_restart=sys.argv[2] == "on")
+print(os.environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT"))
+"""
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    restart=st.booleans(),
+    users=st.one_of(st.none(), st.sampled_from(["0", "1", "true", "False"])),
+    unrelated=st.dictionaries(
+        st.sampled_from(["NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS", "LANG", "TERM"]),
+        st.sampled_from(["WARN", "3", "1", "C.UTF-8", "xterm"]),
+    ),
+)
+def test_with_in_process_restart_torch_does_not_dump_on_an_abort_unless_the_user_asked(
+    tmp_path_factory, restart, users, unrelated
+):
+    """On the H200 the restart waited past NVRx's hard timeout with torch's dump on (its heartbeat monitor sleeps
+    480 s after the dump, and the aborted group's destructor joins it), and took 8 s with it off."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_NCCL_DUMP_ON_TIMEOUT"} | unrelated
+    if users is not None:
+        env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = users
+    program = DUMP_SWITCH.format(repo=str(REPO))
+    run_dir = tmp_path_factory.mktemp("run")
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(run_dir), "on" if restart else "off"],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+
+    expected = users if users is not None else ("0" if restart else "1")
+    assert done.stdout.strip() == expected
 
 
 def test_the_hang_watch_gives_a_restart_the_start_up_limit():
