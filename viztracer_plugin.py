@@ -159,6 +159,13 @@ class WindowTracer:
         self.reap(wait=True)
         self.restore_sigterm()
 
+    def keep_sigterm(self) -> None:
+        """Our handler again, at each step while something is left to write: native code can set SIGTERM back to its
+        default action behind Python's back, and Python's record of the handler does not notice (on the H200 that
+        happened inside a window as srun.sh asked for its hang report, and the stopped rank died with no trace)."""
+        if signal.getsignal(signal.SIGTERM) == self.save_then_terminate:
+            signal.signal(signal.SIGTERM, self.save_then_terminate)
+
     def restore_sigterm(self) -> None:
         """Once nothing is left to write, SIGTERM gets its default action back, unless someone replaced our handler."""
         if self.tracer is None and self.writer_pid is None:
@@ -271,6 +278,7 @@ def install() -> None:
     def handle_profiling_step(config: Any, iteration: int, rank: int, pytorch_prof: Any) -> Any:
         nvtx_context = step_hook(config, iteration, rank, pytorch_prof)
         WINDOW.reap(wait=False)
+        WINDOW.keep_sigterm()
         if iteration == getattr(config, "profile_step_start", None) and profiled(config, rank):
             if getattr(config, "use_viztracer", False):
                 WINDOW.start(rank)

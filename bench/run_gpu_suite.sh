@@ -9,8 +9,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 results=${1:?usage: bench/run_gpu_suite.sh RESULTS_DIR [PYTEST_ARGS ...]}
 shift
-PYTHON=${PYTHON:-python3}
-export PYTHON NSYS=${NSYS:-nsys}
+export PYTHON=${PYTHON:-python3} NSYS=${NSYS:-nsys}
 export SRUNSH_PYTHON=$PYTHON SRUNSH_NSYS=$NSYS # what the tests' srun.sh launches run with
 [ $# -gt 0 ] || set -- tests/gpu
 mkdir -p "$results"

@@ -187,11 +187,26 @@ def bridge_logging():
     from megatron.bridge.training.utils.log_utils import setup_logging, warning_filter
 
     root_level = logging.getLogger().level
+    logging.getLogger(restart_log.NVRX_LOGGER)  # exists by then: entrypoint.py sets NVRx's logger up before pretrain
     setup_logging()
     yield
     for logger in [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]:
         logger.removeFilter(warning_filter)
     logging.getLogger().setLevel(root_level)
+
+
+def test_upstream_defect_megatron_bridge_drops_every_nvrx_warning(bridge_logging):
+    seen: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = seen.append
+    logging.getLogger(restart_log.NVRX_LOGGER).addHandler(catcher)
+    try:
+        nvrx_says(logging.WARNING, "term_ex: RankShouldRestart('Interruption.EXCEPTION affecting ranks {0}')")
+        nvrx_says(logging.ERROR, "fn_ex: RuntimeError('x')")
+    finally:
+        logging.getLogger(restart_log.NVRX_LOGGER).removeHandler(catcher)
+
+    assert [record.levelno for record in seen] == [logging.ERROR]
 
 
 def test_the_restart_line_survives_megatron_bridges_filter_of_nvrx_warnings(tmp_path, monkeypatch, bridge_logging):

@@ -178,6 +178,22 @@ def test_trace_holds_the_window_up_to_a_sigterm_sent_to_the_whole_rank(tmp_path:
     assert traced_steps(trace) in (done - 3, done - 2)
 
 
+def test_trace_is_written_when_native_code_reset_sigterm_inside_the_window(tmp_path: Path):
+    """On the H200 a native library set SIGTERM back to its default action inside the window while Python still named
+    the window's handler, and the stopped rank died with no trace. The reset comes a step before the signal."""
+    args = ("0", "1000", "3", "400", "0", "--native-sigterm-reset-at", "7", "--step-s", "0.05")
+    with rank_session(tmp_path, *args) as (rank, log):
+        wait_until_printed(log, "step 9 done\n", rank)
+        os.killpg(rank.pid, signal.SIGTERM)
+        status = exit_status(rank, 60)
+    output = log.read_text()
+    assert "SIGTERM reset in native code" in output
+    assert status == -signal.SIGTERM, output
+    trace = tmp_path / "traces" / "trace_rank0.json"
+    assert f"[profiling] rank 0: viztracer trace written to {trace}" in output, output
+    assert traced_steps(trace) >= 6
+
+
 def test_rank_waiting_in_native_code_after_its_window_dies_of_sigterm(tmp_path: Path):
     """A Python signal handler runs only when the interpreter gets control back: left installed after the window, it
     would keep a rank stuck in native code (an NCCL wait in a hung job) alive through SIGTERM."""
