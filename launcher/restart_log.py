@@ -71,9 +71,7 @@ class RestartLog(logging.Handler):
         (folder / f"rank-{rank()}.txt").write_text(f"{time.time()} {socket.gethostname()}: {error}\n")
 
     def restart_seen(self, why: str) -> None:
-        groups = [
-            (m["kind"], sorted(int(r) for r in m["ranks"].split(",") if r.strip())) for m in AFFECTED.finditer(why)
-        ]
+        groups = [(m["kind"], ranks_in(m["ranks"])) for m in AFFECTED.finditer(why)]
         # A rank that died or stopped answering comes first: the exceptions beside it are its peers' failed collectives.
         groups.sort(key=lambda group: group[0] == "EXCEPTION")
         self.pending = Pending(groups, time.time())

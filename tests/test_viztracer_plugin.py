@@ -161,15 +161,21 @@ def exit_status(rank: subprocess.Popen[bytes], timeout_s: float) -> int | None:
     return None
 
 
+def sigterm_to_the_rank_after(tmp_path: Path, printed: str, *args: str) -> tuple[int | None, str]:
+    """The training loop with ARGS, stopped as a job is once it printed PRINTED: SIGTERM to its whole process group.
+    Its exit status within 60 s (None: still running) and its output."""
+    with rank_session(tmp_path, *args) as (rank, log):
+        wait_until_printed(log, printed, rank)
+        os.killpg(rank.pid, signal.SIGTERM)
+        status = exit_status(rank, 60)
+    return status, log.read_text()
+
+
 def test_trace_holds_the_window_up_to_a_sigterm_sent_to_the_whole_rank(tmp_path: Path):
     """Stopped as srun.sh and slurmstepd stop a job: SIGTERM to every process of the rank, its DataLoader workers
     included (Megatron Bridge's recipes use 2), while the main thread is inside the training loop."""
     args = ("0", "1000", "3", "400", "0", "--loader-workers", "2", "--step-s", "0.05")
-    with rank_session(tmp_path, *args) as (rank, log):
-        wait_until_printed(log, "step 8 done\n", rank)
-        os.killpg(rank.pid, signal.SIGTERM)
-        status = exit_status(rank, 60)
-    output = log.read_text()
+    status, output = sigterm_to_the_rank_after(tmp_path, "step 8 done\n", *args)
     assert status == -signal.SIGTERM, output
     trace = tmp_path / "traces" / "trace_rank0.json"
     assert f"[profiling] rank 0: viztracer trace written to {trace}" in output
@@ -182,11 +188,7 @@ def test_trace_is_written_when_native_code_reset_sigterm_inside_the_window(tmp_p
     """On the H200 a native library set SIGTERM back to its default action inside the window while Python still named
     the window's handler, and the stopped rank died with no trace. The reset comes a step before the signal."""
     args = ("0", "1000", "3", "400", "0", "--native-sigterm-reset-at", "7", "--step-s", "0.05")
-    with rank_session(tmp_path, *args) as (rank, log):
-        wait_until_printed(log, "step 9 done\n", rank)
-        os.killpg(rank.pid, signal.SIGTERM)
-        status = exit_status(rank, 60)
-    output = log.read_text()
+    status, output = sigterm_to_the_rank_after(tmp_path, "step 9 done\n", *args)
     assert "SIGTERM reset in native code" in output
     assert status == -signal.SIGTERM, output
     trace = tmp_path / "traces" / "trace_rank0.json"
