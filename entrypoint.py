@@ -29,7 +29,7 @@ from typing import NoReturn, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
-from launcher.errors import UsageError, first_line, report
+from launcher.config.errors import UsageError, first_line, report
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
 # a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
@@ -79,21 +79,12 @@ if __name__ != "__mp_main__":
             from megatron.bridge.training.pretrain import pretrain
 
             import viztracer_plugin
-            from launcher import (
-                checks,
-                data,
-                failure_exit,
-                hang_dumps,
-                nsys,
-                outputs,
-                overrides,
-                precision,
-                progress,
-                resilience,
-                restart_log,
-                straggler,
-            )
-            from launcher.run_env import disable_missing_gradient_accumulation_fusion, set_cuda_device_max_connections
+            from launcher.config import checks, data, outputs, overrides, precision, run_env
+            from launcher.hang import dumps as hang_dumps
+            from launcher.hang import progress
+            from launcher.rank import nsys
+            from launcher.restart import exit_after_failure, inprocess, straggler
+            from launcher.restart import log as restart_log
     except ImportError as error:
         report(missing_stack(error))
         sys.exit(2)
@@ -158,13 +149,13 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     parsed = overrides.parse(args.assignments)
     kwargs, config_overrides = overrides.split_for_configure(recipe.configure, parsed)
     cfg = build_config(recipe, kwargs)
-    resilience.add_sections(cfg, config_overrides)  # inprocess_restart.enabled=true where the recipe left it None
+    inprocess.add_sections(cfg, config_overrides)  # inprocess_restart.enabled=true where the recipe left it None
     outputs.place_outputs(cfg, outputs.run_dir(args.recipe))
     config_overrides, preset = precision.choose_preset(cfg, config_overrides)
     applied = {**kwargs, **preset, **overrides.apply(cfg, config_overrides)}
     outputs.load_own_checkpoints(cfg)
-    checks.check_config(cfg, resilience.training_world_size(cfg, world_size(args)))
-    resilience.check_config(cfg, world_size(args))
+    checks.check_config(cfg, inprocess.training_world_size(cfg, world_size(args)))
+    inprocess.check_config(cfg, world_size(args))
     data.check_data(cfg)
     return cfg, applied
 
@@ -180,8 +171,8 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
     profiled = nsys.profile_command(cfg, [sys.argv[0], *argv])
     if profiled is not None:
         nsys.exec_under_nsys(profiled)
-    set_cuda_device_max_connections(cfg)
-    disable_missing_gradient_accumulation_fusion(cfg)
+    run_env.set_cuda_device_max_connections(cfg)
+    run_env.disable_missing_gradient_accumulation_fusion(cfg)
     rank, run_dir = int(os.environ.get("RANK", "0")), outputs.run_dir(recipe)
     if rank == 0:
         outputs.save_run_record(cfg, run_dir)
@@ -190,16 +181,16 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
         say_what_it_trains_on(cfg, sys.stdout)
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
-    restarts = resilience.restart_enabled(cfg)
+    restarts = inprocess.restart_enabled(cfg)
     hang_dumps.install(run_dir, rank, restarts)  # answers srun.sh's hang report: stacks and flight recorder
     callbacks = CallbackManager()
     progress.register(callbacks, run_dir, rank)  # the step record srun.sh's hang watch reads
     straggler.install(cfg.nvrx_straggler, run_dir)  # scores to RUN_DIR/stragglers.log, a straggler named on the console
     if restarts:
-        resilience.pass_the_call_wrapper()  # an upstream defect: _pretrain would not know it restarts
+        inprocess.pass_the_call_wrapper()  # an upstream defect: _pretrain would not know it restarts
         restart_log.register(callbacks, run_dir)  # a line per in-process restart
     else:
-        failure_exit.install()  # the rank exits even when Megatron Bridge's clean-up after an error hangs
+        exit_after_failure.install()  # the rank exits even when Megatron Bridge's clean-up after an error hangs
     pretrain(cfg, forward_step_func=forward_step, callbacks=callbacks)
     viztracer_plugin.exit_traced_process(0)
 

@@ -34,6 +34,9 @@ set -euo pipefail
 
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 
+# One rank (srun and torchrun start `srun.sh --rank-exec COMMAND...` in every task): launcher/rank/rank.sh.
+[[ ${1:-} != --rank-exec ]] || exec bash "$REPO_DIR/launcher/rank/rank.sh" "${@:2}"
+
 # ---- Knobs: environment variables, with their defaults -------------------------------------------------------
 # srun.sh's own knobs start with SRUNSH_, so that no variable a host sets for another tool steers a launch;
 # MASTER_ADDR and MASTER_PORT are torch's rendezvous names, meant the same way by every torch launcher.
@@ -80,221 +83,49 @@ usage() {
   sed -n '/^# ---- Knobs/,/^# ---- End of knobs/{/^# ----/d;s/^# /  # /;s/^\([A-Z]\)/  \1/;p}' "$REPO_DIR/srun.sh"
 }
 
-# One line on stderr, exit 2: every problem srun.sh finds itself is reported this way, before anything starts.
-die() {
-  printf 'srun.sh: %s\n' "$*" >&2
-  exit 2
-}
-
-# A value as the shell would need it typed, so messages stay on one line whatever the value holds.
-q() {
-  printf '%q' "$1"
-}
-
-# A command as one copy-pasteable line.
-quoted() {
-  local line
-  printf -v line '%q ' "$@"
-  printf '%s\n' "${line% }"
-}
-
-# The line that names the knobs from the environment, after PREFIX; and, on stderr, the old names it did not read.
-say_environment_knobs() {
-  [[ -z $ENV_KNOBS ]] || printf '%sknobs from the environment: %s\n' "$1" "$ENV_KNOBS"
-  [[ -z $ENV_IGNORED ]] || echo "srun.sh: not read, since srun.sh's knobs have the SRUNSH_ prefix: $ENV_IGNORED" >&2
-}
-
-parse_args() {
-  USE_NSYS=0 DRY_RUN=0 USE_CONTAINER=1 LOCAL=0 HEALTH_ONLY=0
+# --help among the leading options (after --sbatch's own options and --): the text, and nothing starts.
+wants_help() {
+  [[ ${1:-} != --sbatch ]] || while (($#)) && [[ $1 != -- ]]; do shift; done
+  [[ ${1:-} != -- && ${1:-} != --sbatch ]] || shift
   while (($#)); do
     case $1 in
-      --nsys) USE_NSYS=1 ;;
-      --dry-run) DRY_RUN=1 ;;
-      --no-container) USE_CONTAINER=0 ;;
-      --local) LOCAL=1 USE_CONTAINER=0 ;;
-      --health) HEALTH_ONLY=1 ;;
-      -h | --help) usage && exit 0 ;;
-      --sbatch) die "--sbatch comes first: ./srun.sh --sbatch [SBATCH_OPTION ...] -- [options] RECIPE.py ..." ;;
-      -*) die "unknown option $(q "$1"): the options are --nsys --dry-run --no-container --local --health --sbatch --help" ;;
-      *) break ;;
+      -h | --help) return 0 ;;
+      --nsys | --dry-run | --no-container | --local | --health) shift ;;
+      *) return 1 ;;
     esac
-    shift
   done
-  # The checks on this host, all in one python3 (launcher/preflight.py): bad input is one line on stderr and exit 2,
-  # before anything starts; otherwise it prints the launch's settings and paths, NUL-separated, in this order.
-  command -v python3 >/dev/null ||
-    die "python3 is not found on this host: srun.sh's checks, health check and hang report run it; install python3"
-  local name settings=("${SBATCH_ARGS[@]/#/SBATCH_ARG=}") plan=()
-  for name in "${!SRUNSH_@}" MASTER_PORT LOCAL USE_CONTAINER USE_NSYS DRY_RUN HEALTH_ONLY SUBMITTING BATCH_JOB; do
-    settings+=("$name=${!name}")
-  done
-  mapfile -d '' -t plan < <(python3 "$REPO_DIR/launcher/preflight.py" "${settings[@]}" -- "$@")
-  ((${#plan[@]} >= 11)) || exit 2 # preflight.py said why
-  SRUNSH_GPUS_PER_NODE=${plan[0]} CPUS_PER_RANK=${plan[1]} SRUNSH_SQSH=${plan[2]} CONTAINER_MOUNTS=${plan[3]}
-  CODE_DIR=${plan[4]} RECIPE_ARG=${plan[5]} RUN_ROOT=${plan[6]} RUN_ROOT_IN=${plan[7]} TASK_WORKDIR=${plan[8]}
-  ENV_KNOBS=${plan[9]} ENV_IGNORED=${plan[10]}
-  # The user's overrides, byte for byte, then those srun.sh adds: --nsys's switch, a batch job's SIGTERM handler.
-  OVERRIDES=("${@:2}" "${plan[@]:11}")
-  ((!HEALTH_ONLY)) || SRUNSH_HEALTH=1 OVERRIDES=()
-  read -ra SRUN_EXTRA <<<"$SRUNSH_SRUN_EXTRA_ARGS"
+  return 1
 }
 
-# The parts of srun.sh, one file each: the rank side (--rank-exec), the launch's supervision (signals), batch jobs
-# (--sbatch), the run directory (its id and lock), the health check, the hang report and the shared container.
-for part in rank supervise sbatch run_dir health hang container; do
-  # shellcheck source=/dev/null  # each part is linted on its own (make lint)
-  source "$REPO_DIR/launcher/$part.sh"
-done
-
-# Job facts every rank shares: the run, the node list, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
-resolve_job() {
-  name_run # launcher/run_dir.sh
-  LOCAL_WORLD_SIZE=$SRUNSH_GPUS_PER_NODE
-  if ((LOCAL)); then
-    HOSTS=("$(uname -n)")
-    MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-  elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
-    mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-    ((${#HOSTS[@]})) ||
-      die "scontrol could not expand SLURM_JOB_NODELIST=$(q "$SLURM_JOB_NODELIST"):" "check the SLURM client setup"
-    # The first node's address that the other nodes reach (its NodeAddr, its name, or its route to the second node)
-    [[ -n $MASTER_ADDR ]] || MASTER_ADDR=$(python3 "$REPO_DIR/launcher/master_address.py" "${HOSTS[@]:0:2}") || exit $?
-  else
-    HOSTS=(NODE1)
-    MASTER_ADDR=${MASTER_ADDR:-NODE1}
-  fi
-  ((DRY_RUN)) || claim_run_dir # launcher/run_dir.sh: the run's folder, taken, and its lock
-  HOST_RUN_DIR=$RUN_ROOT/$SRUNSH_RUN_ID # RUN_DIR as this host sees it; the ranks get theirs from export_rank_env
-  [[ -n $MASTER_PORT ]] || MASTER_PORT=$(run_port) # launcher/run_dir.sh
-  WORLD_SIZE=$((${#HOSTS[@]} * SRUNSH_GPUS_PER_NODE))
-  local IFS=,
-  # shellcheck disable=SC2034  # NODE_LIST: read by the health check and the hang report
-  NODE_LIST=${HOSTS[*]}
-}
-
-# What every rank inherits; a value the user already set wins. README's "Network environment" says why each EFA-era
-# variable of the seed is left out (current libfabric and aws-ofi-nccl set or no longer need them), and
-# CUDA_DEVICE_MAX_CONNECTIONS is entrypoint.py's to set, per job.
-export_rank_env() {
+# What every rank inherits for EFA and NCCL; a value the user already set wins. README's "Network environment" says
+# why each EFA-era variable of the seed is left out (current libfabric and aws-ofi-nccl set or no longer need them),
+# and CUDA_DEVICE_MAX_CONNECTIONS is entrypoint.py's to set, per job.
+export_network_env() {
   export NCCL_DEBUG=${NCCL_DEBUG:-WARN}           # NCCL errors and warnings only; INFO shows the EFA/GIN setup
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # one process per GPU already: no CPU oversubscription
   export NCCL_GIN_TYPE=${NCCL_GIN_TYPE:-2}        # DeepEP's GIN via the proxy path (5, EFA GDA: docs/network.md)
   export DEEP_EP_BACKEND=${DEEP_EP_BACKEND:-nccl} # DeepEP dispatch/combine over NCCL GIN, not NVSHMEM
-  export MASTER_ADDR MASTER_PORT WORLD_SIZE LOCAL_WORLD_SIZE
-  export RUN_ID=$SRUNSH_RUN_ID NSYS=$SRUNSH_NSYS # the ranks' names for them (launcher/outputs.py, launcher/nsys.py)
-  export RUN_DIR=$RUN_ROOT_IN/$SRUNSH_RUN_ID # as the ranks see it
-  export SRUN_SH_NSYS=$USE_NSYS       # entrypoint.py runs the profiled ranks under nsys
-  unset SRUN_SH_IMAGE SRUN_SH_JOB_NAME SRUN_SH_MOUNT SRUN_SH_UNDER_NSYS # srun.sh's own below, never inherited
-  ((!USE_CONTAINER)) || export SRUN_SH_IMAGE=$SRUNSH_SQSH # named in entrypoint.py's error when the image lacks it
-  [[ -z ${SLURM_JOB_NAME:-} ]] || export SRUN_SH_JOB_NAME=$SLURM_JOB_NAME # launch.json's: the step gets its own name
-  ((!USE_CONTAINER)) || export SRUN_SH_MOUNT=$CONTAINER_MOUNTS # named in entrypoint.py's error when a data path is outside it
-  unset RANK LOCAL_RANK               # the rank takes them from SLURM or torchrun
 }
 
-# LAUNCH_CMD: one srun step that runs RANK_COMMAND in every rank, its geometry spelled out so that nothing inherited
-# from the allocation or an enclosing step (-n1, --ntasks-per-node=1, --cpus-per-task, cyclic placement) changes where
-# the ranks go; or, with --local, torchrun.
-launch_command() {
-  if ((LOCAL)); then
-    LAUNCH_CMD=("$SRUNSH_PYTHON" -m torch.distributed.run --nnodes=1 --nproc-per-node="$SRUNSH_GPUS_PER_NODE"
-      --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --no-python "$@")
-    return
-  fi
-  LAUNCH_CMD=(srun --nodes="${#HOSTS[@]}" --ntasks="$WORLD_SIZE" --ntasks-per-node="$SRUNSH_GPUS_PER_NODE")
-  [[ -z $CPUS_PER_RANK ]] || LAUNCH_CMD+=(--cpus-per-task="$CPUS_PER_RANK")
-  LAUNCH_CMD+=(--distribution=block --mpi=none --kill-on-bad-exit="$((!INPROCESS))" --job-name="srunsh-$SRUNSH_RUN_ID")
-  # Started from inside a job step (srun ... ./srun.sh, srun --pty bash): share that step's resources.
-  [[ -z ${SLURM_STEP_ID:-} ]] || LAUNCH_CMD+=(--overlap)
-  if ((USE_CONTAINER)); then
-    LAUNCH_CMD+=(--container-image="$SRUNSH_SQSH" --container-mounts="$CONTAINER_MOUNTS"
-      --container-workdir="$TASK_WORKDIR")
-    [[ -z $SRUNSH_CONTAINER_NAME ]] || LAUNCH_CMD+=(--container-name="$SRUNSH_CONTAINER_NAME")
-  fi
-  LAUNCH_CMD+=("${SRUN_EXTRA[@]}" "$@")
-}
-
-print_dry_run() {
-  echo "# srun.sh --dry-run: nothing was started. Each command below is one line you can paste into a shell."
-  if ((!LOCAL)) && [[ -z ${SLURM_JOB_ID:-} ]]; then
-    echo "# Not inside an allocation: job id JOBID and the first node NODE1 are placeholders."
-  fi
-  say_environment_knobs "# "
-  echo "# Environment srun.sh exports (every rank inherits it):"
-  local name
-  for name in NCCL_DEBUG OMP_NUM_THREADS NCCL_GIN_TYPE DEEP_EP_BACKEND MASTER_ADDR MASTER_PORT RUN_ID RUN_DIR \
-    WORLD_SIZE LOCAL_WORLD_SIZE NSYS SRUN_SH_NSYS; do
-    printf 'export %s=%q\n' "$name" "${!name}"
-  done
-  if ((SRUNSH_HEALTH && !HEALTH_ONLY)); then
-    echo "# Health check, run first (SRUNSH_HEALTH=1):"
-    quoted "${HEALTH_CMD[@]}"
-  fi
-  echo "# Launch command:"
-  quoted "${LAUNCH_CMD[@]}"
-}
-
+# The knobs, as NAME=VALUE (defaults applied), then -- and srun.sh's own arguments, handed to the launch's one
+# supervisor on this host (launcher/host/supervisor.py): the checks, the master address, the srun or torchrun command,
+# signals, the hang watch, the health check, the failure report and the batch job's requeue.
 main() {
-  # shellcheck disable=SC2034  # SUBMITTING: read by parse_args, through its name
-  BATCH_JOB=0 SUBMITTING=0 SBATCH_ARGS=() TIME_LIMIT_REACHED=0
-  case ${1:-} in
-    --rank-exec)
-      shift
-      exec_rank "$@"
-      ;;
-    --sbatch)
-      shift
-      submit_batch "$@"
-      ;;
-    --batch-job)
-      shift
-      BATCH_JOB=1
-      trap_time_limit # launcher/sbatch.sh: from the start, or SLURM's USR1 would end this script
-      SRUNSH_RUN_ID=${SRUNSH_RUN_ID:-${SLURM_JOB_ID:?--batch-job runs only as the batch script of srun.sh --sbatch}}
-      ;;
-  esac
-  parse_args "$@"
-  resolve_job
-  # In-process restart (launcher/inprocess.py): whether it is on, and the header's line, which names the spare nodes.
-  read -r INPROCESS INPROCESS_SAYS < <(python3 "$REPO_DIR/launcher/inprocess.py" --nodes "${#HOSTS[@]}" \
-    --ranks-per-node "$SRUNSH_GPUS_PER_NODE" --master-port "$MASTER_PORT" -- "${OVERRIDES[@]}") || exit 2
-  export_rank_env
-  export SRUN_SH_INPROCESS=$INPROCESS
-  ((!INPROCESS)) || export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-error} # NVRx's store polls warn every second
-  local python_cmd=("$SRUNSH_PYTHON" "$CODE_DIR/entrypoint.py" "$RECIPE_ARG" "${OVERRIDES[@]}")
-  ((!HEALTH_ONLY)) || python_cmd=("$SRUNSH_PYTHON" "$RECIPE_ARG") # launcher/health.py, as the ranks see it
-  plan_container_start # launcher/container.sh: HEALTH=1's two steps share one container
-  ((!SRUNSH_HEALTH)) || health_check_command
-  launch_command "$CODE_DIR/srun.sh" --rank-exec "${python_cmd[@]}"
-  if ((DRY_RUN)); then
-    print_dry_run
+  if wants_help "$@"; then
+    usage
     exit 0
   fi
-
-  rm -f -- "$HOST_RUN_DIR"/logs/rank-*.status "$HOST_RUN_DIR/logs/usage-error"
-  say_environment_knobs "# srun.sh: " >&2
-  local how="new run"
-  ((RESUMING)) && how="resuming run"
-  echo "# srun.sh: ${#HOSTS[@]} node(s) x $SRUNSH_GPUS_PER_NODE rank(s), $how $SRUNSH_RUN_ID in $HOST_RUN_DIR," \
-    "master $MASTER_ADDR:$MASTER_PORT; each rank runs:" >&2
-  quoted "${python_cmd[@]}" >&2
-  [[ -z $CONTAINER_START ]] || echo "# srun.sh: $CONTAINER_START" >&2
-  [[ -z $INPROCESS_SAYS ]] || echo "# srun.sh: $INPROCESS_SAYS" >&2
-
-  trap_stop_signals
-  ((!SRUNSH_HEALTH)) || check_health # launcher/health.sh: returns only when every node passed
-  local status=0
-  # No training once a batch job's time limit is near (launcher/sbatch.sh); the watched launch (launcher/hang.sh).
-  if time_left_to_train; then launch_watched "${LAUNCH_CMD[@]}" || status=$?; fi
-  [[ -z $STOPPED_BY ]] || exit $((128 + $(kill -l "$STOPPED_BY")))
-  if [[ -n ${HUNG:-} ]]; then
-    status=124 # the hang watch stopped the ranks, and the hang report said why
-  elif ((status && INPROCESS)) && python3 "$REPO_DIR/launcher/inprocess.py" --outcome "$HOST_RUN_DIR"; then
-    status=0 # training completed on the ranks that replaced a failed one, which launcher/inprocess.py named
-  elif ((status)) && report_failure; then
-    status=$FIRST_STATUS
-  fi
-  ((!BATCH_JOB)) || requeue_batch_job "$status" ${HUNG:+"hung: see $HOST_RUN_DIR/hang-report.txt"} || status=$?
-  exit "$status"
+  command -v python3 >/dev/null || {
+    echo "srun.sh: python3 is not found on this host: srun.sh's checks, health check and hang report run it;" \
+      "install python3" >&2
+    exit 2
+  }
+  local name knobs=()
+  for name in "${!SRUNSH_@}" MASTER_ADDR MASTER_PORT; do
+    knobs+=("$name=${!name}")
+  done
+  export_network_env
+  exec python3 "$REPO_DIR/launcher/host/supervisor.py" "${knobs[@]}" -- "$@"
 }
 
 main "$@"

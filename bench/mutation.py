@@ -2,9 +2,9 @@
 against that module's own fast tests, and a table per module: mutants killed, survived, timed out, not covered.
 
     python3 bench/mutation.py                                   # the five modules, one after the other
-    python3 bench/mutation.py --module launcher/checks.py       # one module
-    python3 bench/mutation.py --module launcher/data.py --only 'launcher.data.x_check*'   # some of its mutants
-    python3 bench/mutation.py --module launcher/checks.py --show-survivors               # and each survivor's diff
+    python3 bench/mutation.py --module launcher/config/checks.py    # one module
+    python3 bench/mutation.py --module launcher/config/data.py --only 'launcher.config.data.x_check*'   # some mutants
+    python3 bench/mutation.py --module launcher/config/checks.py --show-survivors   # and each survivor's diff
 
 mutmut 3 writes its mutated tree (mutants/) next to pyproject.toml and runs pytest there, forked once per mutant;
 this script gives each module a copy of the checkout in WORK_DIR/<module>/, so the checkout itself never changes and
@@ -27,11 +27,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Each module and the tests that target it (tests/test_entrypoint.py's checks go through entrypoint.resolve()).
 TESTS = {
-    "launcher/hang_report.py": ["tests/test_hang_report.py"],
-    "launcher/health_report.py": ["tests/test_health_report.py"],
-    "launcher/data.py": ["tests/test_data_check.py"],
-    "launcher/splits.py": ["tests/test_splits.py"],
-    "launcher/checks.py": [
+    "launcher/hang/answers.py": ["tests/test_hang_report.py"],
+    "launcher/hang/collectives.py": ["tests/test_hang_report.py"],
+    "launcher/hang/judge.py": ["tests/test_hang_report.py"],
+    "launcher/hang/report.py": ["tests/test_hang_report.py"],
+    "launcher/health/records.py": ["tests/test_health_report.py"],
+    "launcher/health/judge.py": ["tests/test_health_report.py"],
+    "launcher/health/table.py": ["tests/test_health_report.py"],
+    "launcher/health/report.py": ["tests/test_health_report.py"],
+    "launcher/config/data.py": ["tests/test_data_check.py"],
+    "launcher/config/splits.py": ["tests/test_splits.py"],
+    "launcher/config/checks.py": [
         "tests/test_checks.py",
         "tests/test_entrypoint.py::test_cuda_graphs_without_the_te_rng_tracker_are_refused_before_any_rank_builds_a_model",
         "tests/test_entrypoint.py::test_bad_override_is_refused_with_the_fix",
@@ -39,7 +45,7 @@ TESTS = {
         "tests/test_entrypoint.py::test_moe_expert_parallel_must_divide_the_ranks",
         "tests/test_entrypoint.py::test_megatron_fsdp_job_is_checked_with_the_connections_its_ranks_get",
     ],
-    "launcher/overrides.py": ["tests/test_overrides.py"],
+    "launcher/config/overrides.py": ["tests/test_overrides.py"],
 }
 # Not copied: the environment, build and run outputs, earlier mutants.
 SKIP = shutil.ignore_patterns(
@@ -104,7 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--module", action="append", choices=sorted(TESTS), help="default: all five")
     parser.add_argument(
-        "--only", action="append", default=[], help="mutant names (globs), e.g. 'launcher.checks.x_check_profiling*'"
+        "--only", action="append", default=[], help="mutant names (globs), e.g. 'launcher.config.checks.x_check*'"
     )
     parser.add_argument("--tests", action="append", help="pytest paths to run instead of the module's own tests")
     parser.add_argument("--max-children", type=int, help="mutants tested side by side (mutmut's default: the CPUs)")

@@ -1,2 +1,13 @@
-"""The launcher's parts: what entrypoint.py does before it hands a config to Megatron Bridge (the Python modules), and
-the rank side and batch jobs of srun.sh (rank.sh, sbatch.sh, which srun.sh sources)."""
+"""The launcher's parts, a folder per concern. A launch is two programs: srun.sh hands the launching host's work to
+host/supervisor.py, and every rank runs rank/rank.sh, then entrypoint.py.
+
+    host/      the launching host: checks, the job and its run folder, the commands, signals, reports, batch jobs
+    rank/      what a rank does before its program starts, and installs before pretrain()
+    config/    the rank's config: overrides, precision, checks of data and splits, the run's outputs
+    hang/      the hang watch, the ranks' answers and the hang report
+    health/    the health check, a tool of its own: the ranks' program and the host's verdict
+    restart/   in-process restart and straggler detection
+    assignments.py  the NAME=VALUE arguments, split and checked alike on both sides
+    run_files.py    the run folder's shared files, by name
+    shell_quote.py  bash's printf %q, for messages and printed commands, without a bash
+"""

@@ -142,7 +142,7 @@ def set_data(
     mock data, with the tokenizer they were prepared with: tokenizer_path, else hf_path's when it holds one.
 
     Megatron Bridge's recipe helper turns the list into the blend; the recipe keeps its train/valid/test split. The
-    datasets and the tokenizer are checked before training (launcher/data.py), where the ranks see them.
+    datasets and the tokenizer are checked before training (launcher/config/data.py), where the ranks see them.
     """
     if tokenizer_path is None and data_paths is not None and hf_path is not None and has_tokenizer(Path(hf_path)):
         tokenizer_path = hf_path

@@ -151,7 +151,7 @@ def test_our_launch_says_when_its_config_is_built(monkeypatch, capsys, output_ro
     monkeypatch.setattr(entrypoint, "pretrain", raise_pretrain)
     monkeypatch.setattr(entrypoint.viztracer_plugin, "install", lambda: None)
     monkeypatch.setattr(entrypoint.hang_dumps, "install", lambda *_: None)  # blocks SIGUSR2 for good
-    monkeypatch.setattr(entrypoint.failure_exit, "install", lambda: None)  # would end pytest after a later error
+    monkeypatch.setattr(entrypoint.exit_after_failure, "install", lambda: None)  # would end pytest after a later error
     args = entrypoint.parse_args([TINY, "train.train_iters=3"])
     cfg, applied = entrypoint.resolve(args)
     with pytest.raises(PretrainCalledError):

@@ -1,5 +1,5 @@
-"""launcher/checks.py on the real Megatron Bridge ConfigContainer of the tiny recipe: each check's boundary (the last
-value it accepts and the first it refuses), its whole one-line message, and what it must leave alone."""
+"""launcher/config/checks.py on the real Megatron Bridge ConfigContainer of the tiny recipe: each check's boundary (the
+last value it accepts and the first it refuses), its whole one-line message, and what it must leave alone."""
 
 import copy
 import os
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import entrypoint
-from launcher import checks
-from launcher.errors import UsageError
-from launcher.outputs import config_yaml
+from launcher.config import checks
+from launcher.config.errors import UsageError
+from launcher.config.outputs import config_yaml
 from tests.conftest import REPO
 
 TINY = REPO / "recipes" / "tiny_gpt_pretrain.py"

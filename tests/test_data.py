@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 import entrypoint
-from launcher.errors import UsageError
+from launcher.config.errors import UsageError
 from tests import hf_models
 from tests.conftest import RECIPES, REPO, Corpus, Prepared, error_lines
 
@@ -498,7 +498,7 @@ def test_object_storage_data_is_left_to_megatron_core(corpus: Corpus, output_roo
 
 
 def test_a_run_without_data_says_it_trains_on_mock_data(output_root: Path):
-    from launcher import data
+    from launcher.config import data
 
     line = data.describe(resolve(TINY))
     assert line.startswith("data: mock (tokens Megatron generates, not a corpus): pass data_paths=PREFIX")

@@ -1,7 +1,7 @@
-"""launcher/data.py's check, in-process and fast (bench/mutation.py's tests of the module): each function on datasets
-written by megatron-core's own IndexedDatasetBuilder and a real Hugging Face tokenizer folder, on Megatron Bridge's
-vanilla GPT config. The expected values come from README's Your data (the first 4,096 ids of 16 sequences: the first,
-the last and evenly between), from megatron-core's index format (a sequence's pointer is in bytes) and from the
+"""launcher/config/data.py's check, in-process and fast (bench/mutation.py's tests of the module): each function on
+datasets written by megatron-core's own IndexedDatasetBuilder and a real Hugging Face tokenizer folder, on Megatron
+Bridge's vanilla GPT config. The expected values come from README's Your data (the first 4,096 ids of 16 sequences: the
+first, the last and evenly between), from megatron-core's index format (a sequence's pointer is in bytes) and from the
 tokenizer's size; tests/test_data.py runs the same refusals through entrypoint.py."""
 
 import re
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
-from launcher import data
-from launcher.errors import UsageError
+from launcher.config import data
+from launcher.config.errors import UsageError
 from tests.conftest import REPO
 from tests.test_data import wide_tokenizer
 

@@ -23,8 +23,8 @@ from megatron.bridge.data.utils import pretrain_train_valid_test_datasets_provid
 from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
 import entrypoint
-from launcher import data
-from launcher.errors import UsageError
+from launcher.config import data
+from launcher.config.errors import UsageError
 from tests import hf_models
 from tests.conftest import REPO, Corpus, Prepared, error_lines
 from tests.test_data import write_dataset

@@ -1,6 +1,6 @@
-"""launcher/failure_exit.py with Megatron Bridge's own pretrain(): training raises, and its clean-up after the error
-never returns (as the abort of the process groups did on the H200); the rank still exits, with the error and one line
-that says why it exits, in a second or so rather than at srun.sh's hang watch."""
+"""launcher/restart/exit_after_failure.py with Megatron Bridge's own pretrain(): training raises, and its clean-up
+after the error never returns (as the abort of the process groups did on the H200); the rank still exits, with the
+error and one line that says why it exits, in a second or so rather than at srun.sh's hang watch."""
 
 import logging
 import subprocess
@@ -12,7 +12,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import failure_exit
+from launcher.restart import exit_after_failure
 from tests.conftest import REPO
 
 # The real _pretrain() on the tiny recipe's config, with setup() failing (it stands for any error in training) and the
@@ -24,7 +24,7 @@ RANK = textwrap.dedent(
     import entrypoint
     from megatron.bridge.training import pretrain
     from megatron.bridge.training.state import GlobalState
-    from launcher import failure_exit
+    from launcher.restart import exit_after_failure
 
     def failing_setup(*args, **kwargs):
         raise {error}
@@ -73,7 +73,7 @@ def run_rank(
 
 
 def test_a_rank_whose_clean_up_after_an_error_hangs_exits_after_the_grace_time(tmp_path):
-    done, _ = run_rank(tmp_path, "failure_exit.install(grace_s=1)", timeout_s=120)
+    done, _ = run_rank(tmp_path, "exit_after_failure.install(grace_s=1)", timeout_s=120)
 
     assert done is not None, "the rank did not exit"
     assert done.returncode == 1
@@ -86,7 +86,9 @@ def test_a_rank_whose_clean_up_after_an_error_hangs_exits_after_the_grace_time(t
 def test_a_rank_whose_training_exits_on_purpose_exits_with_that_status_and_is_not_called_failed(tmp_path):
     """Megatron Bridge logs its own sys.exit(0) after a save as "Pretrain failed" and runs the same clean-up: the
     rank says at once that it did not fail, and leaves after the short grace with status 0, not 1 after 60 s."""
-    done, _ = run_rank(tmp_path, "failure_exit.install(grace_s=600, exit_grace_s=1)", timeout_s=120, error=OWN_EXIT)
+    done, _ = run_rank(
+        tmp_path, "exit_after_failure.install(grace_s=600, exit_grace_s=1)", timeout_s=120, error=OWN_EXIT
+    )
 
     assert done is not None, "the rank did not exit"
     assert done.returncode == 0, done.stderr[-3000:]
@@ -113,7 +115,7 @@ def test_the_status_a_system_exit_chooses_is_the_one_python_exits_with(code):
         record = logging.LogRecord("pretrain", logging.ERROR, __file__, 0, "failed", None, sys.exc_info())
     python = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code!r})"], capture_output=True, check=False)
 
-    assert failure_exit.chosen_exit_status(record) == python.returncode
+    assert exit_after_failure.chosen_exit_status(record) == python.returncode
 
 
 def test_other_errors_choose_no_status():
@@ -121,9 +123,11 @@ def test_other_errors_choose_no_status():
         raise RuntimeError("a training error")
     except RuntimeError:
         record = logging.LogRecord("pretrain", logging.ERROR, __file__, 0, "failed", None, sys.exc_info())
-    assert failure_exit.chosen_exit_status(record) is None
+    assert exit_after_failure.chosen_exit_status(record) is None
     assert (
-        failure_exit.chosen_exit_status(logging.LogRecord("p", logging.ERROR, __file__, 0, "no error", None, None))
+        exit_after_failure.chosen_exit_status(
+            logging.LogRecord("p", logging.ERROR, __file__, 0, "no error", None, None)
+        )
         is None
     )
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,9 +21,15 @@ from types import SimpleNamespace
 import pytest
 from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
 
-from launcher import hang_dumps, hang_report, hang_watch, progress
-from launcher.hang_report import Rank
-from launcher.hang_watch import FLOOR_S, START_LIMIT_S, StallClock
+from launcher.hang import answers as hang_answers
+from launcher.hang import collectives as hang_collectives
+from launcher.hang import dumps as hang_dumps
+from launcher.hang import judge as hang_judge
+from launcher.hang import progress
+from launcher.hang import report as hang_report
+from launcher.hang import watch as hang_watch
+from launcher.hang.answers import Rank
+from launcher.hang.watch import FLOOR_S, START_LIMIT_S, StallClock
 
 
 def step(number: int, phase: str = "training") -> dict:
@@ -87,11 +94,11 @@ def test_real_faulthandler_dump_gives_each_threads_frames(tmp_path: Path):
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
 
     main = int(result.stdout.strip())
-    frames = hang_report.main_thread_frames(result.stderr, main)
+    frames = hang_answers.main_thread_frames(result.stderr, main)
     assert [frame.split(" (")[0] for frame in frames] == ["main_work", "<module>"]
-    other = [stack for ident, stack in hang_report.thread_stacks(result.stderr).items() if ident != main]
+    other = [stack for ident, stack in hang_answers.thread_stacks(result.stderr).items() if ident != main]
     assert other and other[0][0].startswith("waiting_forever (<string>:")
-    assert hang_report.position(frames) == "main_work (<string>:7)"
+    assert hang_answers.position(frames) == "main_work (<string>:7)"
 
 
 def entry(group: str, seq: int, state: str = "scheduled", op: str = "nccl:all_reduce", pg_id: int = 0) -> dict:
@@ -124,7 +131,7 @@ def test_rank_that_never_enqueued_the_collective_is_not_in_it():
     behind = dump([entry("0", 5, "completed")], {"0": (5, 5)})
     ranks = ranks_with({0: ahead, 1: ahead, 2: ahead, 3: behind})
 
-    (found,) = hang_report.collectives(ranks, 4)
+    (found,) = hang_collectives.collectives(ranks, 4)
 
     assert (found.seq, found.waiting(), found.outside()) == (6, [0, 1, 2], [3])
     assert found.name() == "nccl:all_reduce #6 of process group 0 (default_pg, ranks 0-3)"
@@ -141,7 +148,7 @@ def test_rank_whose_gpu_never_started_the_collective_is_named_when_the_others_di
     queued = dump([entry("0", 8, "completed"), entry("0", 9, "scheduled")], {"0": (9, 8)}, ranks="[0, 1]")
     ranks = ranks_with({0: started, 1: queued})
 
-    (found,) = hang_report.collectives(ranks, 2)
+    (found,) = hang_collectives.collectives(ranks, 2)
 
     assert found.unstarted == [1] and found.outside() == [1]
     assert "its GPU never started it" in hang_report.whereabouts(ranks[1], [found])
@@ -151,7 +158,7 @@ def test_every_member_in_it_on_its_gpu_points_at_the_network():
     started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1]")
     ranks = ranks_with({0: started, 1: started})
 
-    found = hang_report.collectives(ranks, 2)
+    found = hang_collectives.collectives(ranks, 2)
     first, second, _ = hang_report.summary(ranks, found, "why", Path("/r"))
 
     assert "every member of nccl:all_reduce #9" in first and "suspect the network between node1" in second
@@ -160,11 +167,11 @@ def test_every_member_in_it_on_its_gpu_points_at_the_network():
 def test_no_incomplete_collective_is_no_finding():
     done = dump([entry("0", 4, "completed")], {"0": (4, 4)})
 
-    assert hang_report.collectives(ranks_with({0: done, 1: done}), 2) == []
+    assert hang_collectives.collectives(ranks_with({0: done, 1: done}), 2) == []
 
 
 def test_ranges_of_ranks():
-    assert hang_report.ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert hang_collectives.ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert hang_report.ranks_phrase([3], "wait") == "rank 3 waits" and hang_report.ranks_phrase([0, 1]) == "ranks 0-1"
 
 
@@ -213,7 +220,7 @@ def test_rank_stuck_tearing_down_after_an_error_is_not_a_hang_at_start():
 
     first, second, _ = hang_report.summary(ranks, [], "no step for 300 s", Path("/r/hang-report.txt"))
 
-    assert hang_report.start_hang(ranks) is None
+    assert hang_judge.start_hang(ranks) is None
     assert "rank 0 hangs in torch.distributed's teardown after step 3" in first
     assert "its log has the error that ended training" in first
     assert (
@@ -262,11 +269,11 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
     ranks = ranks_with({0: ahead, 1: ahead, 2: ahead, 3: behind})
     for number, rank in ranks.items():
         rank.answer = answered(7, 0.1 + 0.01 * number, 0.3)
-    found = hang_report.collectives(ranks, 4)
-    seen = hang_report.pace(ranks, None, 0.0)
+    found = hang_collectives.collectives(ranks, 4)
+    seen = hang_judge.pace(ranks, None, 0.0)
     assert found[0].outside() == [3] and seen is not None
 
-    stop, evidence = hang_report.judge(ranks, found, seen, None, stalled=False)
+    stop, evidence = hang_judge.judge(ranks, found, seen, None, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGTERM", Path("/r/hang-report.txt"), stop)
     report = hang_report.report_text(ranks, found, "x", Path("/r"), seen=seen, stop=stop, found=evidence)
 
@@ -276,7 +283,7 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
     )
     assert second == "srun.sh:   an ordinary stop: 4 of 4 ranks answered; the longest step so far took 0.30 s"
     assert "not in it" not in report and "Progress: training was progressing: last step 7" in report
-    assert hang_report.judge(ranks, found, seen, None, stalled=True)[0] is None  # a stall keeps the analysis
+    assert hang_judge.judge(ranks, found, seen, None, stalled=True)[0] is None  # a stall keeps the analysis
 
 
 def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_not_evidence():
@@ -286,23 +293,23 @@ def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_n
     ranks = ranks_with({0: ahead, 1: behind})
     for rank in ranks.values():
         rank.answer = answered(7, 30.0, 0.5)  # no step for 30 s: no progressing job
-    seen = hang_report.pace(ranks, None, 0.0)
-    found = hang_report.collectives(ranks, 2)
+    seen = hang_judge.pace(ranks, None, 0.0)
+    found = hang_collectives.collectives(ranks, 2)
 
     assert found[0].entered_s == pytest.approx(0.2, abs=0.01)
-    assert hang_report.evidence(found, seen.longest_step_s) == []
+    assert hang_collectives.evidence(found, seen.longest_step_s) == []
     old = dump(
         [entry("0", 8, "started") | {"time_created_ns": int((1_000_000.0 - 29.0) * 1e9)}], {"0": (8, 7)}, "[0, 1]"
     )
     ranks[0].dump = old
-    assert hang_report.evidence(hang_report.collectives(ranks, 2), seen.longest_step_s)[0].outside() == [1]
+    assert hang_collectives.evidence(hang_collectives.collectives(ranks, 2), seen.longest_step_s)[0].outside() == [1]
 
 
 def test_no_step_time_before_the_second_step():
     ranks = ranks_with({0: dump([], {})})
     ranks[0].answer = {"time": 5.0, "last_step": 1, "last_step_time": 4.0, "longest_step_s": None}
 
-    assert hang_report.pace(ranks, None, 0.0) is None
+    assert hang_judge.pace(ranks, None, 0.0) is None
 
 
 def start_up_barrier(entered_s_ago: float) -> dict[int, Rank]:
@@ -319,10 +326,10 @@ def start_up_barrier(entered_s_ago: float) -> dict[int, Rank]:
 @pytest.mark.parametrize("watch", [{"launched": 0.0, "limit_s": 1200.0, "since_s": 40.0}, None])
 def test_stop_during_start_up_blames_nobody_though_a_rank_is_not_yet_in_the_collective(watch: dict | None):
     ranks = start_up_barrier(entered_s_ago=30.0)
-    found = hang_report.collectives(ranks, 4)
-    assert found[0].outside() == [3] and hang_report.pace(ranks, None, 0.0) is None
+    found = hang_collectives.collectives(ranks, 4)
+    assert found[0].outside() == [3] and hang_judge.pace(ranks, None, 0.0) is None
 
-    stop, evidence = hang_report.judge(ranks, found, None, watch, stalled=False)
+    stop, evidence = hang_judge.judge(ranks, found, None, watch, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
     report = hang_report.report_text(ranks, found, "x", Path("/r"), seen=None, stop=stop, found=evidence)
 
@@ -334,7 +341,7 @@ def test_stop_during_start_up_blames_nobody_though_a_rank_is_not_yet_in_the_coll
     because = "the hang watch would call it a stall after 1200 s" if watch else "the hang watch is off"
     assert second.startswith(f"srun.sh:   an ordinary stop: 4 of 4 ranks answered; {because}")
     assert "not in it" not in report and "entered 30.0 s before the request" in report
-    stalled, evidence = hang_report.judge(ranks, found, None, watch, stalled=True)
+    stalled, evidence = hang_judge.judge(ranks, found, None, watch, stalled=True)
     assert stalled is None and evidence[0].outside() == [3]  # the hang watch's stall keeps the analysis
 
 
@@ -342,7 +349,7 @@ def test_stop_during_start_up_blames_what_is_older_than_the_hang_watchs_limit():
     """With the watch off, or a stop in the second before its poll: the watch would have called it a stall."""
     ranks = start_up_barrier(entered_s_ago=1300.0)
     watch = {"launched": 0.0, "limit_s": 1200.0, "since_s": 1310.0}
-    stop, evidence = hang_report.judge(ranks, hang_report.collectives(ranks, 4), None, watch, stalled=False)
+    stop, evidence = hang_judge.judge(ranks, hang_collectives.collectives(ranks, 4), None, watch, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
 
     assert (
@@ -356,9 +363,9 @@ def test_stop_at_start_names_the_rank_that_never_joined_only_after_the_hang_watc
         1: Rank(1, "node1", registered={"pid": 101}, answer={"distributed": False}, frames=["import_module (y:2)"]),
     }
     early = {"launched": 0.0, "limit_s": 1200.0, "since_s": 5.0}
-    assert hang_report.judge(ranks, [], None, early, stalled=False)[0] is not None
+    assert hang_judge.judge(ranks, [], None, early, stalled=False)[0] is not None
     late = {**early, "since_s": 1201.0}
-    stop, found = hang_report.judge(ranks, [], None, late, stalled=False)
+    stop, found = hang_judge.judge(ranks, [], None, late, stalled=False)
     first, _, _ = hang_report.summary(ranks, found, "srun.sh got SIGTERM", Path("/r/hang-report.txt"), stop)
 
     assert stop is None and "hang at start: 1 rank(s) never joined torch.distributed" in first
@@ -370,7 +377,7 @@ def test_a_stop_after_the_first_step_is_before_a_step_time_is_known():
         rank.answer |= {"last_step": 1, "last_step_time": 1_000_000.0 - 0.6, "longest_step_s": None}
     watch = {"launched": 0.0, "limit_s": 300.0, "since_s": 62.3}
 
-    stop, _ = hang_report.judge(ranks, hang_report.collectives(ranks, 4), None, watch, stalled=False)
+    stop, _ = hang_judge.judge(ranks, hang_collectives.collectives(ranks, 4), None, watch, stalled=False)
 
     assert stop is not None and stop.says == (
         "stopped before the second step: step 1 had completed, 62 s after the launch;"
@@ -379,28 +386,45 @@ def test_a_stop_after_the_first_step_is_before_a_step_time_is_known():
 
 
 def test_hang_watch_keeps_its_limit_for_the_report(tmp_path: Path):
-    """The real watch (SRUNSH_HANG_TIMEOUT_S=40): 1200 s before the first step, then its fixed timeout."""
-    watch_py = Path(__file__).resolve().parents[1] / "launcher" / "hang_watch.py"
-    command = [sys.executable, str(watch_py), str(tmp_path), "--timeout", "40", "--notify", str(os.getpid())]
-    started = time.time()
-    watch = subprocess.Popen(command)
+    """The real watch (SRUNSH_HANG_TIMEOUT_S=40), in its thread: 1200 s before the first step, then its fixed timeout;
+    it ends when told to."""
+    started, stop, stalls = time.time(), threading.Event(), []
+    watch = threading.Thread(target=hang_watch.watch, args=(tmp_path, 40.0, stalls.append, stop), daemon=True)
+    watch.start()
     record = tmp_path / "hang" / "watch.json"
     try:
         limits = []
         deadline = time.monotonic() + 30
         while len(limits) < 2:
             assert time.monotonic() < deadline, limits
-            seen = hang_watch.read_json(record)
+            seen = progress.read_json(record)
             if seen and seen["limit_s"] not in limits:
                 limits.append(seen["limit_s"])
                 assert started - 1 <= seen["launched"] <= time.time()
                 (tmp_path / "hang" / "progress.json").write_text(json.dumps(step(1)))
             time.sleep(0.1)
     finally:
-        watch.kill()
-        watch.wait()
+        stop.set()
+        watch.join(timeout=10)
 
     assert limits == [1200.0, 40.0]
+    assert not watch.is_alive() and stalls == [] and not (tmp_path / "hang" / "stalled.txt").exists()
+
+
+def test_hang_watch_says_why_in_stalled_txt_and_calls_back_once_then_ends(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(hang_watch, "START_LIMIT_S", 0.3)
+    monkeypatch.setattr(hang_watch, "POLL_S", 0.05)
+    stalls: list[str] = []
+    watch = threading.Thread(target=hang_watch.watch, args=(tmp_path, None, stalls.append, threading.Event()))
+    watch.start()
+    watch.join(timeout=10)
+
+    assert not watch.is_alive()
+    (why,) = stalls
+    assert why.startswith("no training step completed in the ") and why.endswith(
+        " s since the launch (the limit before the first step, 0.3 s)"
+    )
+    assert (tmp_path / "hang" / "stalled.txt").read_text() == why + "\n"
 
 
 def registered_as(pid: int, host: str) -> dict:
@@ -413,7 +437,7 @@ def test_rank_that_did_not_answer_on_this_host_is_named_with_its_process_state()
     try:
         os.kill(frozen.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 10
-        while hang_report.process_state(registered_as(frozen.pid, here)) != "stopped (T)":
+        while hang_answers.process_state(registered_as(frozen.pid, here)) != "stopped (T)":
             assert time.monotonic() < deadline
             time.sleep(0.05)
         ranks = {
@@ -430,7 +454,7 @@ def test_rank_that_did_not_answer_on_this_host_is_named_with_its_process_state()
         " stopped (T)"
     )
     assert second == "srun.sh:   no rank waits in a collective that another rank is not in; 1 of 2 answered, at step 3"
-    assert hang_report.process_state(ranks[1].registered) == "its process is gone"
+    assert hang_answers.process_state(ranks[1].registered) == "its process is gone"
 
 
 def test_rank_on_another_host_is_no_answer_from_that_node_even_where_this_host_could_read_its_pid():
@@ -469,7 +493,7 @@ def test_recorder_keeps_the_longest_step_but_not_the_start_nor_a_checkpoint_save
 def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step_record(tmp_path: Path, monkeypatch):
     """On the H200 a rank's stacks came at a stop at step 30 but its answer (written after its flight-recorder dump)
     did not within the grace: the report said "stopped during start-up" of a job 30 steps in. Rank 0's step record,
-    written by the real launcher/progress.py, says where training was."""
+    written by the real launcher/hang/progress.py, says where training was."""
     monkeypatch.setattr(progress, "LAST", progress.Last())  # a process records one training
     recorder = progress.Recorder(tmp_path, rank=0)
     for step in range(26, 31):  # 0.05 s steps
@@ -480,21 +504,21 @@ def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step
     ranks[0].answer = None  # its stacks came, its answer did not
     ranks[0].frames = ["File train.py, line 1 in train_step"]
 
-    seen = hang_report.pace(ranks, record, record["time"] + 0.02)
-    stop, found = hang_report.judge(ranks, hang_report.collectives(ranks, 1), seen, None, stalled=False)
+    seen = hang_judge.pace(ranks, record, record["time"] + 0.02)
+    stop, found = hang_judge.judge(ranks, hang_collectives.collectives(ranks, 1), seen, None, stalled=False)
 
     assert seen is not None and seen.step == 30 and record["longest_step_s"] is not None
     assert stop is not None and stop.says.startswith("training was progressing: last step 30") and found == []
 
 
-# A rank as entrypoint.py makes it for the hang report (launcher/hang_dumps.py's handler, launcher/progress.py's last
-# step), whose main thread then waits in a function of its own: step 7 completed SINCE s ago, the longest took 2 s.
+# A rank as entrypoint.py makes it for the hang report (launcher/hang/dumps.py's handler, launcher/hang/progress.py's
+# last step), whose main thread then waits in a function of its own: step 7 completed SINCE s ago, the longest took 2 s.
 RANK_PROGRAM = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from launcher import hang_dumps, progress
-hang_dumps.install(Path(sys.argv[1]), int(sys.argv[2]))
+from launcher.hang import dumps, progress
+dumps.install(Path(sys.argv[1]), int(sys.argv[2]))
 progress.LAST.step, progress.LAST.time, progress.LAST.longest_step_s = 7, time.time() - float(sys.argv[3]), 2.0
 def waiting_in_step():
     print("ready", flush=True)
@@ -508,7 +532,7 @@ def start_ranks():
     started: list[subprocess.Popen] = []
 
     def start(run_dir: Path, ranks: int, since_s: float) -> list[subprocess.Popen]:
-        program = RANK_PROGRAM.format(repo=str(Path(hang_report.__file__).parents[1]))
+        program = RANK_PROGRAM.format(repo=str(Path(hang_report.__file__).parents[2]))
         for rank in range(ranks):
             command = [sys.executable, "-c", program, str(run_dir), str(rank), str(since_s)]
             started.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
@@ -527,7 +551,7 @@ def start_ranks():
 
 def hang_report_main(run_dir: Path, world: int, monkeypatch, *flags: str) -> int:
     argv = [str(run_dir), "--why", "no step for 40 s", "--world-size", str(world), "--nodes", socket.gethostname()]
-    monkeypatch.setattr(sys, "argv", ["hang_report.py", *argv, "--ranks-per-node", str(world), *flags])
+    monkeypatch.setattr(sys, "argv", ["report.py", *argv, "--ranks-per-node", str(world), *flags])
     return hang_report.main()
 
 
@@ -540,7 +564,7 @@ def test_report_of_running_ranks_that_answer_names_where_they_are_and_what_they_
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "rank-3.status").write_text(f"1 1796117746 {here}\n")  # ended before the report
     (tmp_path / "hang" / "answer-rank-0.json").write_text('{"rank": 0, "last_step": 99}')  # an earlier report's
-    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 2.0)
+    monkeypatch.setattr(hang_answers, "ANSWER_WAIT_S", 2.0)
 
     assert hang_report_main(tmp_path, 4, monkeypatch, "--local") == 0
 
@@ -609,7 +633,7 @@ def test_a_stall_of_running_ranks_is_no_ordinary_stop_though_their_last_step_was
     assert capsys.readouterr().err.splitlines()[1] == (
         "srun.sh:   rank 0 on "
         + socket.gethostname()
-        + f" (pid {hang_report.registered_ranks(tmp_path / 'hang')[0]['pid']}):"
+        + f" (pid {hang_answers.registered_ranks(tmp_path / 'hang')[0]['pid']}):"
         " at waiting_in_step (<string>:10)"
     )
 
@@ -629,11 +653,11 @@ def test_a_job_step_is_signalled_through_scancel_and_its_refusal_is_said(tmp_pat
     assert (tmp_path / "called").read_text() == "--signal=USR2 42.0\n"
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "srun.sh: hang report: could not signal the ranks: scancel: error: Invalid job id 42.0"
-    assert hang_report.signal_step("x") == "scancel: error: Invalid job id 42.0"
+    assert hang_answers.signal_step("x") == "scancel: error: Invalid job id 42.0"
     scancel.write_text("#!/bin/sh\nexit 3\n")
-    assert hang_report.signal_step("x") == "scancel exited 3"
+    assert hang_answers.signal_step("x") == "scancel exited 3"
     scancel.write_text("#!/bin/sh\nexit 0\n")
-    assert hang_report.signal_step("x") is None
+    assert hang_answers.signal_step("x") is None
 
 
 def subgroup_dump(enqueued: int, completed: int, main: tuple[int, int] = (6, 5)) -> dict:
@@ -651,7 +675,7 @@ def test_a_group_with_a_member_outside_its_collective_comes_before_a_larger_grou
     )
     ranks |= ranks_with({3: dump([entry("0", 6, "started")], {"0": (6, 5)})})
 
-    found = hang_report.collectives(ranks, 4)
+    found = hang_collectives.collectives(ranks, 4)
 
     assert [(c.group, c.seq, c.members, c.outside(), c.gpu_states) for c in found] == [
         ("1", 3, [0, 1], [1], "started"),
@@ -680,7 +704,7 @@ def test_a_member_without_records_is_not_in_the_collective_and_the_group_waits_f
     ranks |= ranks_with({1: dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0, 1, 2]")})
     ranks[2] = Rank(2, "node2", registered={"pid": 102}, answer={"distributed": True, "last_step": 5})
 
-    (found,) = hang_report.collectives(ranks, 3)
+    (found,) = hang_collectives.collectives(ranks, 3)
 
     assert (found.silent, found.behind, found.outside(), found.waiting()) == ([2], [], [2], [0, 1])
     assert hang_report.summary(ranks, [found], "why", Path("/r"))[:2] == [
@@ -702,7 +726,7 @@ def test_a_collective_no_gpu_started_is_work_stuck_before_it_only_where_starts_a
     queued = dump([earlier, entry("0", 5, "scheduled")], {"0": (5, 4)})
     ranks = ranks_with({n: queued for n in range(4)})
 
-    found = hang_report.collectives(ranks, 4)
+    found = hang_collectives.collectives(ranks, 4)
 
     assert found[0].gpu_states == ("scheduled" if timed else "")
     assert hang_report.summary(ranks, found, "why", Path("/r"))[:2] == [
@@ -718,7 +742,7 @@ def test_a_rank_whose_gpu_never_started_it_is_in_the_not_in_it_line_and_not_amon
     queued = dump([entry("0", 8, "completed"), entry("0", 9, "scheduled")], {"0": (9, 8)}, ranks="[0, 1, 2]")
     ranks = ranks_with({0: started, 1: started, 2: queued})
 
-    found = hang_report.collectives(ranks, 3)
+    found = hang_collectives.collectives(ranks, 3)
     first, second, _ = hang_report.summary(ranks, found, "why", Path("/r"))
 
     assert first == (
@@ -770,7 +794,7 @@ def test_gather_reads_each_ranks_records_written_since_the_request(tmp_path: Pat
     now = 'Thread 0x0000000000000010 (most recent call first):\n  File "/x/train.py", line 9 in step\n'
     (hang / "stacks-rank-0.txt").write_text(earlier + now)
 
-    ranks = hang_report.gather(tmp_path, 4, ["h0", "h1", "h2"], {0: len(earlier)}, {2: "it had ended"})
+    ranks = hang_answers.gather(tmp_path, 4, ["h0", "h1", "h2"], {0: len(earlier)}, {2: "it had ended"})
 
     assert [(r.host, r.frames, r.ended) for r in ranks.values()] == [
         ("n0", ["step (/x/train.py:9)"], None),
@@ -780,7 +804,7 @@ def test_gather_reads_each_ranks_records_written_since_the_request(tmp_path: Pat
     ]
     assert ranks[0].dump == record and ranks[1].dump is None and ranks[0].answer["last_step"] == 4
     assert ranks[2].registered is None and ranks[2].answer is None
-    assert hang_report.registered_ranks(hang)[1]["pid"] == 11
+    assert hang_answers.registered_ranks(hang)[1]["pid"] == 11
 
 
 def test_torchs_analysis_is_run_on_nccls_records_and_its_output_kept(tmp_path: Path, monkeypatch):
@@ -796,35 +820,35 @@ def test_torchs_analysis_is_run_on_nccls_records_and_its_output_kept(tmp_path: P
     fr = tmp_path / "fr"
     command = f"torchfrtrace {fr} -p rank- --allow-incomplete-ranks"
 
-    assert hang_report.torch_analysis({0: Rank(0, "h")}, fr) == ["  no flight recorder records came"]
-    assert hang_report.torch_analysis(gloo, fr) == [
+    assert hang_collectives.torch_analysis({0: Rank(0, "h")}, fr) == ["  no flight recorder records came"]
+    assert hang_collectives.torch_analysis(gloo, fr) == [
         "  torchfrtrace reads NCCL's records only; these are gloo's (the analysis above reads them)"
     ]
     monkeypatch.setattr(sys, "executable", str(stand_in))
-    lines = hang_report.torch_analysis(nccl, fr)
+    lines = hang_collectives.torch_analysis(nccl, fr)
     assert lines == [f"  `{command}` (exit status 3):", *(f"    line {i}" for i in range(11, 71))]
     called = "-m torch.distributed.flight_recorder.fr_trace " + str(fr) + " -p rank- --allow-incomplete-ranks\n"
     assert (tmp_path / "called").read_text() == called
-    monkeypatch.setattr(hang_report.importlib.util, "find_spec", lambda name: None)
-    assert hang_report.torch_analysis(nccl, fr) == [f"  {stand_in} has no torch: run `{command}` where torch is"]
+    monkeypatch.setattr(hang_collectives.importlib.util, "find_spec", lambda name: None)
+    assert hang_collectives.torch_analysis(nccl, fr) == [f"  {stand_in} has no torch: run `{command}` where torch is"]
 
 
 def test_waiting_for_answers_ends_when_they_came_or_a_ranks_stacks_came_a_grace_ago(tmp_path: Path, monkeypatch):
     """A rank whose stuck thread holds the GIL writes its stacks (faulthandler needs no GIL) but never its answer."""
-    monkeypatch.setattr(hang_report, "STACKS_GRACE_S", 0.3)
-    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 2.5)
+    monkeypatch.setattr(hang_answers, "STACKS_GRACE_S", 0.3)
+    monkeypatch.setattr(hang_answers, "ANSWER_WAIT_S", 2.5)
     (tmp_path / "answer-rank-0.json").write_text("{}")
     (tmp_path / "stacks-rank-1.txt").write_text("earlier\nnow\n")
     pending = {0, 1}
 
     started = time.monotonic()
-    hang_report.wait_for_answers(tmp_path, pending, {1: len("earlier\n")})
+    hang_answers.wait_for_answers(tmp_path, pending, {1: len("earlier\n")})
     waited = time.monotonic() - started
 
     assert pending == set() and 0.3 < waited < 2.0
     pending = {1}
     started = time.monotonic()
-    hang_report.wait_for_answers(tmp_path, pending, {1: len("earlier\nnow\n")})  # no new stacks: the whole wait
+    hang_answers.wait_for_answers(tmp_path, pending, {1: len("earlier\nnow\n")})  # no new stacks: the whole wait
     assert pending == {1} and time.monotonic() - started >= 2.5
 
 
@@ -833,7 +857,7 @@ def test_a_rank_that_did_not_answer_heads_the_console_in_a_stop_and_in_a_finding
     answered = Rank(0, "node9", registered={"pid": 1}, answer={"last_step": 3}, frames=["x (y.py:1)"])
     silent = Rank(1, "node9", registered={"pid": 2, "start_time": "x"})
     ranks = {0: answered, 1: silent}
-    stop = hang_report.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
+    stop = hang_judge.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
 
     assert hang_report.summary(ranks, [], "why", Path("/r"), stop)[:2] == [
         "srun.sh: hang report (why): training was progressing: last step 3, 0.50 s before the stop",
@@ -884,16 +908,16 @@ def test_process_groups_are_read_by_name_with_their_members_status_and_entries_a
         "entries": [send, gather, other],
     }
 
-    assert hang_report.group_records(record) == {
+    assert hang_collectives.group_records(record) == {
         "tp": {"desc": "", "members": [2, 3], "enqueued": 4, "completed": 3, "entries": {4: gather}},
         "x": {"desc": "", "members": None, "enqueued": 0, "completed": 0, "entries": {2: other}},
         "12": {"desc": "", "members": None, "enqueued": 0, "completed": 0, "entries": {}},
     }
-    assert hang_report.group_records({"pg_status": record["pg_status"]})["11"]["enqueued"] == 4
+    assert hang_collectives.group_records({"pg_status": record["pg_status"]})["11"]["enqueued"] == 4
     ranks = ranks_with({2: record})
     ranks[3] = Rank(3, "node2", registered={"pid": 103})
 
-    (found,) = hang_report.collectives(ranks, 4)
+    (found,) = hang_collectives.collectives(ranks, 4)
 
     assert (found.group, found.members, found.seq, found.silent, found.ops) == (
         "tp",
@@ -909,7 +933,7 @@ def report_main(run_dir: Path, monkeypatch, *flags: str) -> int:
     """hang_report.main for a job of two ranks, one on each of nodes a and b, as launcher/hang.sh calls it."""
     argv = [str(run_dir), "--why", "srun.sh got SIGTERM", "--world-size", "2", "--nodes", "a,b"]
     argv += ["--ranks-per-node", "1"]
-    monkeypatch.setattr(sys, "argv", ["hang_report.py", *argv, *flags])
+    monkeypatch.setattr(sys, "argv", ["report.py", *argv, *flags])
     return hang_report.main()
 
 
@@ -961,7 +985,7 @@ def test_a_call_without_a_required_argument_is_refused_and_writes_no_report(left
     """The arguments launcher/hang.sh always passes (the usage in the module's docstring), one left out each time."""
     argv = ["--why", "x", "--world-size", "2", "--nodes", "a,b", "--ranks-per-node", "1", "--step", "42.0"]
     at = argv.index(left_out)
-    monkeypatch.setattr(sys, "argv", ["hang_report.py", str(tmp_path), *argv[:at], *argv[at + 2 :]])
+    monkeypatch.setattr(sys, "argv", ["report.py", str(tmp_path), *argv[:at], *argv[at + 2 :]])
 
     with pytest.raises(SystemExit) as refused:
         hang_report.main()
@@ -974,13 +998,13 @@ def test_a_call_without_a_required_argument_is_refused_and_writes_no_report(left
 
 def test_help_shows_the_documented_usage_as_written_and_says_what_each_option_does(monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setattr(sys, "argv", ["hang_report.py", "--help"])
+    monkeypatch.setattr(sys, "argv", ["report.py", "--help"])
 
     with pytest.raises(SystemExit):
         hang_report.main()
 
     out = capsys.readouterr().out
-    usage = [line for line in hang_report.__doc__.splitlines() if "python3 launcher/hang_report.py" in line]
+    usage = [line for line in hang_report.__doc__.splitlines() if "python3 launcher/hang/report.py" in line]
     assert usage and usage[0] in out.splitlines()  # the docstring's own line breaks and indentation
     said = {line.split()[0]: line for line in out.splitlines() if line.startswith("  --")}
     assert "scancel --signal=USR2" in said["--step"]  # as the docstring says --step and --local do
@@ -990,21 +1014,21 @@ def test_help_shows_the_documented_usage_as_written_and_says_what_each_option_do
 
 
 def test_the_report_reads_the_hang_watchs_limit_and_how_long_since_the_launch(tmp_path: Path):
-    assert hang_report.read_watch(tmp_path, 1045.0) is None  # the watch is off
+    assert hang_judge.read_watch(tmp_path, 1045.0) is None  # the watch is off
     hang_watch.write_limit(tmp_path, 1000.0, 30.0)
 
-    assert hang_report.read_watch(tmp_path, 1045.0) == {"launched": 1000.0, "limit_s": 30.0, "since_s": 45.0}
+    assert hang_judge.read_watch(tmp_path, 1045.0) == {"launched": 1000.0, "limit_s": 30.0, "since_s": 45.0}
 
 
 def test_earlier_answers_and_flight_recorder_records_are_forgotten_and_nothing_else(tmp_path: Path):
-    hang_report.forget_earlier_answers(tmp_path)  # no fr/ yet: nothing to do
+    hang_answers.forget_earlier_answers(tmp_path)  # no fr/ yet: nothing to do
     kept = ["rank-0.json", "rank-12.json", "stacks-rank-0.txt", "progress.json", "watch.json"]
     gone = ["answer-rank-0.json", "answer-rank-12.json", "fr/rank-0", "fr/rank-12"]
     (tmp_path / "fr").mkdir()
     for name in kept + gone:
         (tmp_path / name).write_text("{}")
 
-    hang_report.forget_earlier_answers(tmp_path)
+    hang_answers.forget_earlier_answers(tmp_path)
 
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(kept)
 
@@ -1030,17 +1054,17 @@ def test_the_frames_name_a_lone_ranks_last_step_and_keep_ended_ranks_apart_and_a
 def test_waiting_for_answers_ends_at_once_when_all_came_and_counts_any_stacks_of_a_rank_without_earlier_ones(
     tmp_path: Path, monkeypatch
 ):
-    monkeypatch.setattr(hang_report, "STACKS_GRACE_S", 0.2)
-    monkeypatch.setattr(hang_report, "ANSWER_WAIT_S", 4.0)
+    monkeypatch.setattr(hang_answers, "STACKS_GRACE_S", 0.2)
+    monkeypatch.setattr(hang_answers, "ANSWER_WAIT_S", 4.0)
     (tmp_path / "answer-rank-0.json").write_text("{}")
     started = time.monotonic()
-    hang_report.wait_for_answers(tmp_path, {0}, {})
+    hang_answers.wait_for_answers(tmp_path, {0}, {})
     assert time.monotonic() - started < 2.0
 
     (tmp_path / "stacks-rank-1.txt").write_text("x")  # one byte, and none before the request
     pending = {1}
     started = time.monotonic()
-    hang_report.wait_for_answers(tmp_path, pending, {})
+    hang_answers.wait_for_answers(tmp_path, pending, {})
     assert pending == set() and time.monotonic() - started < 3.0
 
 
@@ -1051,7 +1075,7 @@ def test_the_collective_line_names_the_op_most_ranks_are_in_and_lists_each_op_by
     ranks = ranks_with({n: dump([entry("0", 3, "started", op=op)], {"0": (3, 2)}, "[0, 1, 2, 3, 4]")
                         for n, op in enumerate(ops)})  # fmt: skip
 
-    (found,) = hang_report.collectives(ranks, 5)
+    (found,) = hang_collectives.collectives(ranks, 5)
 
     assert hang_report.collective_lines([found]) == [
         "  nccl:broadcast #3 of process group 0 (default_pg, ranks 0-4), sizes [[1024]]",
@@ -1068,13 +1092,13 @@ def test_a_member_ahead_that_completed_it_is_neither_waiting_nor_outside_and_big
     stuck["pg_config"]["1"] = {"ranks": "[0, 1]"}
     ranks = ranks_with({0: stuck, 1: stuck, 2: ahead, 3: ahead})
 
-    found = hang_report.collectives(ranks, 4)
+    found = hang_collectives.collectives(ranks, 4)
 
     assert [(c.group, c.waiting(), c.outside()) for c in found] == [("0", [0, 1], []), ("1", [0, 1], [])]
     waiting_all = dump([entry("0", 6, "started"), entry("1", 2, "started", pg_id=1)], {"0": (6, 5), "1": (2, 1)})
     waiting_all["pg_config"]["1"] = {"ranks": "[0, 1]"}
     ranks = ranks_with({n: waiting_all for n in range(4)})
-    assert [c.group for c in hang_report.collectives(ranks, 4)] == ["0", "1"]  # 4 ranks wait in 0, 2 in 1
+    assert [c.group for c in hang_collectives.collectives(ranks, 4)] == ["0", "1"]  # 4 ranks wait in 0, 2 in 1
 
 
 def test_members_and_their_place_come_from_any_rank_that_knows_the_group(monkeypatch):
@@ -1084,18 +1108,18 @@ def test_members_and_their_place_come_from_any_rank_that_knows_the_group(monkeyp
     del no_config["pg_config"]
     ranks = ranks_with({0: no_config, 1: no_config})
 
-    (found,) = hang_report.collectives(ranks, 3)
+    (found,) = hang_collectives.collectives(ranks, 3)
 
     assert (found.members, found.silent) == ([0, 1, 2], [2])
     tp = dump([entry("tp", 3, "started", pg_id=7)], {"7": (3, 2)})
     tp["pg_config"] = {"tp": {"ranks": "[0, 1]"}}
     ranks = ranks_with({0: tp, 1: dump([], {})})
 
-    (found,) = hang_report.collectives(ranks, 2)
+    (found,) = hang_collectives.collectives(ranks, 2)
 
     assert (found.group, found.seq, found.behind, found.ops) == ("tp", 1, [1], {})
     wrapped = dump([entry("0", 1, "completed")], {"0": (2, 1)}, ranks="[0]")  # entry 2 overwritten in the buffer
-    (found,) = hang_report.collectives(ranks_with({0: wrapped}), 1)
+    (found,) = hang_collectives.collectives(ranks_with({0: wrapped}), 1)
     assert (found.ops, hang_report.collective_lines([found])[0]) == (
         {"a collective": [0]},
         "  a collective #2 of process group 0 (default_pg, ranks 0), sizes ?",
@@ -1110,11 +1134,11 @@ def test_a_collective_was_entered_as_long_before_the_request_as_its_earliest_wai
         ranks[n] = Rank(n, "h", dump=record, answer={"time": created_s + ago})
     ranks[1].answer = None  # its answer did not come: its clock says nothing
 
-    (found,) = hang_report.collectives(ranks, 2)
+    (found,) = hang_collectives.collectives(ranks, 2)
 
     assert found.entered_s == pytest.approx(50.0, abs=0.01)
     ranks[1].answer = {"time": created_s + 10.0}
-    assert hang_report.collectives(ranks, 2)[0].entered_s == pytest.approx(50.0, abs=0.01)
+    assert hang_collectives.collectives(ranks, 2)[0].entered_s == pytest.approx(50.0, abs=0.01)
 
 
 def test_a_collective_its_root_completed_while_the_other_member_never_entered_it_is_reported():
@@ -1124,7 +1148,7 @@ def test_a_collective_its_root_completed_while_the_other_member_never_entered_it
     root = dump([entry("0", 6, "completed", op="nccl:broadcast"), entry("0", 7, "started")], {"0": (7, 6)}, "[0, 1]")
     ranks = ranks_with({0: behind, 1: root})
 
-    (found,) = hang_report.collectives(ranks, 2)
+    (found,) = hang_collectives.collectives(ranks, 2)
 
     assert (found.seq, found.ops, found.behind) == (6, {}, [0])
     assert hang_report.summary(ranks, [found], "why", Path("/r"))[:2] == [
@@ -1164,7 +1188,7 @@ def test_every_member_in_it_on_its_gpu_is_said_with_how_to_see_the_transport():
     started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1]")
     ranks = ranks_with({0: started, 1: started})
 
-    second = hang_report.summary(ranks, hang_report.collectives(ranks, 2), "why", Path("/r"))[1]
+    second = hang_report.summary(ranks, hang_collectives.collectives(ranks, 2), "why", Path("/r"))[1]
 
     assert second == (
         "srun.sh:   every GPU is in it: suspect the network between node1 (NCCL_DEBUG=INFO shows the transport)"
@@ -1184,7 +1208,7 @@ def documented_words() -> set[str]:
 def test_help_describes_each_option_in_the_words_of_its_documentation(monkeypatch, capsys):
     """--help says what each option does in the docstring's and the docs' words (its "HOST,..." is comma-separated)."""
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setattr(sys, "argv", ["hang_report.py", "--help"])
+    monkeypatch.setattr(sys, "argv", ["report.py", "--help"])
     with pytest.raises(SystemExit):
         hang_report.main()
     said = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  --")}
@@ -1197,7 +1221,7 @@ def test_help_describes_each_option_in_the_words_of_its_documentation(monkeypatc
         assert [w for w in words if not {w, w + "s", w.removesuffix("s")} & known] == [], option
 
 
-def stalled_job() -> tuple[dict[int, Rank], list[hang_report.Collective], hang_report.Pace]:
+def stalled_job() -> tuple[dict[int, Rank], list[hang_collectives.Collective], hang_judge.Pace]:
     """Four ranks of a stall 30 s after step 5 (steps of 2 s): 0-1 in the default group's gloo all-reduce #2 for 60 s
     and in all-gather #3 of their subgroup for 0.1 s; rank 2 (node2) did not answer; rank 3 (node2) never joined."""
     asked = 1_000_000.0
@@ -1212,12 +1236,12 @@ def stalled_job() -> tuple[dict[int, Rank], list[hang_report.Collective], hang_r
         rank.answer = answered(5, 30.0, 2.0, asked) | {"distributed": True}
     ranks[2] = Rank(2, "node2", registered={"pid": 102, "start_time": "x"})
     ranks[3] = Rank(3, "node2", registered={"pid": 103}, answer={"distributed": False}, frames=["load (data.py:7)"])
-    return ranks, hang_report.collectives(ranks, 4), hang_report.pace(ranks, None, 0.0)
+    return ranks, hang_collectives.collectives(ranks, 4), hang_judge.pace(ranks, None, 0.0)
 
 
 def test_a_stalls_report_counts_what_came_names_what_is_left_out_and_parts_its_sections_with_a_blank_line():
     ranks, in_flight, seen = stalled_job()
-    stop, found = hang_report.judge(ranks, in_flight, seen, None, stalled=True)
+    stop, found = hang_judge.judge(ranks, in_flight, seen, None, stalled=True)
     assert stop is None and [c.group for c in in_flight] == ["0", "1"]
     assert [c.group for c in found] == ["0"]  # a stall too: the subgroup's 0.1 s (< the longest step) says nothing
 
@@ -1266,10 +1290,10 @@ def test_torchs_analysis_is_given_up_after_the_limit_it_names(tmp_path: Path, mo
         limits.append(options["timeout"])
         return real_run(arguments, **(options | {"timeout": options["timeout"] / 1000}))
 
-    monkeypatch.setattr(hang_report.subprocess, "run", run_faster)
+    monkeypatch.setattr(hang_collectives.subprocess, "run", run_faster)
     nccl = ranks_with({0: dump([entry("0", 2, "started")], {"0": (2, 1)})})
 
-    (line,) = hang_report.torch_analysis(nccl, tmp_path / "fr")
+    (line,) = hang_collectives.torch_analysis(nccl, tmp_path / "fr")
 
     said = re.fullmatch(rf"  `torchfrtrace {tmp_path / 'fr'} -p rank- --allow-incomplete-ranks` took more than (\d+) s;"
                         r" run it yourself", line)  # fmt: skip
@@ -1277,7 +1301,7 @@ def test_torchs_analysis_is_given_up_after_the_limit_it_names(tmp_path: Path, mo
 
 
 def test_torchs_analysis_reads_the_records_where_the_ranks_wrote_them(tmp_path: Path, monkeypatch):
-    """launcher/hang_dumps.py writes rank R's record to RUN_DIR/hang/fr/rank-R; a stand-in interpreter lists the
+    """launcher/hang/dumps.py writes rank R's record to RUN_DIR/hang/fr/rank-R; a stand-in interpreter lists the
     folder that torchfrtrace is given."""
     stand_in = tmp_path / "python"
     stand_in.write_text('#!/bin/sh\nls "$3"\n')
@@ -1313,21 +1337,21 @@ def test_a_main_thread_waiting_in_the_standard_librarys_threading_is_placed_at_i
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
 
-    frames = hang_report.main_thread_frames(result.stderr, int(result.stdout.strip()))
+    frames = hang_answers.main_thread_frames(result.stderr, int(result.stdout.strip()))
     assert frames[0].startswith("wait (") and "threading.py:" in frames[0]
     assert re.fullmatch(r"wait \(threading\.py:\d+\) from waiting_for_the_loader \(<string>:7\)",
-                        hang_report.position(frames))  # fmt: skip
+                        hang_answers.position(frames))  # fmt: skip
 
 
 def test_stacks_of_a_rank_that_had_written_none_before_the_request_are_read_whole(tmp_path: Path):
     hang = tmp_path / "hang"
     hang.mkdir()
-    before = {0: hang_report.stacks_size(hang, 0)}  # no stacks file yet
+    before = {0: hang_answers.stacks_size(hang, 0)}  # no stacks file yet
     (hang / "stacks-rank-0.txt").write_text(
         'Thread 0x10 (most recent call first):\n  File "/x/train.py", line 9 in step\n'
     )
 
-    (rank,) = hang_report.gather(tmp_path, 1, ["h0"], before, {}).values()
+    (rank,) = hang_answers.gather(tmp_path, 1, ["h0"], before, {}).values()
 
     assert before == {0: 0} and rank.frames == ["step (/x/train.py:9)"]
 
@@ -1346,9 +1370,9 @@ def test_local_signals_each_rank_that_is_still_its_registered_process_and_no_reu
             0: {"pid": reused.pid, "start_time": "1"},  # its pid, now another process's (it started later)
             1: {"pid": rank.pid, "start_time": hang_dumps.process_start_time(rank.pid)},
         }
-        assert hang_report.process_state(registered[0]) == "its process is gone"
+        assert hang_answers.process_state(registered[0]) == "its process is gone"
 
-        assert hang_report.signal_local(registered) is None
+        assert hang_answers.signal_local(registered) is None
 
         assert rank.wait(timeout=10) == -signal.SIGUSR2
         with pytest.raises(subprocess.TimeoutExpired):
@@ -1361,7 +1385,7 @@ def test_local_signals_each_rank_that_is_still_its_registered_process_and_no_reu
 
 def test_local_signals_the_other_ranks_when_one_ends_between_its_check_and_its_signal(monkeypatch):
     ending, rank = sleeper(), sleeper()
-    real_live_state = hang_report.live_state
+    real_live_state = hang_answers.live_state
 
     def ends_right_after(record: dict) -> str | None:
         state = real_live_state(record)
@@ -1370,12 +1394,12 @@ def test_local_signals_the_other_ranks_when_one_ends_between_its_check_and_its_s
             ending.wait()  # gone: its pid no longer names a process
         return state
 
-    monkeypatch.setattr(hang_report, "live_state", ends_right_after)
+    monkeypatch.setattr(hang_answers, "live_state", ends_right_after)
     try:
         registered = {n: {"pid": p.pid, "start_time": hang_dumps.process_start_time(p.pid)}
                       for n, p in enumerate((ending, rank))}  # fmt: skip
 
-        assert hang_report.signal_local(registered) is None
+        assert hang_answers.signal_local(registered) is None
 
         assert rank.wait(timeout=10) == -signal.SIGUSR2
     finally:
@@ -1387,9 +1411,9 @@ def test_local_signals_the_other_ranks_when_one_ends_between_its_check_and_its_s
 def test_a_process_state_that_proc_5_lists_and_the_table_does_not_is_named_by_its_letter(monkeypatch):
     """proc(5)'s P (parked, Linux 3.9-3.13), read from this process's real /proc/PID/stat with its state replaced."""
     real = hang_dumps.process_stat(os.getpid())
-    monkeypatch.setattr(hang_report, "process_stat", lambda pid: ["P", *real[1:]])
+    monkeypatch.setattr(hang_answers, "process_stat", lambda pid: ["P", *real[1:]])
 
-    assert hang_report.process_state({"pid": os.getpid(), "start_time": real[19]}) == "in state P"
+    assert hang_answers.process_state({"pid": os.getpid(), "start_time": real[19]}) == "in state P"
 
 
 def test_waiting_for_many_answers_that_all_came_ends_after_one_look(tmp_path: Path):
@@ -1399,7 +1423,7 @@ def test_waiting_for_many_answers_that_all_came_ends_after_one_look(tmp_path: Pa
     pending = set(range(8))
     started = time.monotonic()
 
-    hang_report.wait_for_answers(tmp_path, pending, {})
+    hang_answers.wait_for_answers(tmp_path, pending, {})
 
     assert pending == set() and time.monotonic() - started < 2.0
 
@@ -1412,13 +1436,13 @@ def test_a_p2p_entry_after_a_collective_keeps_the_collectives_sequence_number_an
     record = {"pg_config": {"tp": {"ranks": "[2, 3]"}}, "entries": [gather, send]}
     record["pg_status"] = {"11": {"last_enqueued_collective": 4, "last_completed_collective": 3}}
 
-    assert hang_report.group_records(record)["tp"]["entries"] == {4: gather}
+    assert hang_collectives.group_records(record)["tp"]["entries"] == {4: gather}
 
 
 def test_the_step_records_pace_is_the_time_since_its_last_step_however_short():
     record = {"step": 30, "time": 1000.0, "longest_step_s": 0.05}
 
-    seen = hang_report.pace({}, record, 1000.3)
+    seen = hang_judge.pace({}, record, 1000.3)
 
     assert (seen.step, seen.since_s, seen.longest_step_s) == (30, pytest.approx(0.3), 0.05)
 
@@ -1446,7 +1470,7 @@ def test_a_rank_that_joined_does_not_hide_a_later_one_that_never_did():
         3: Rank(3, "h", answer={"distributed": False}, frames=["load (data.py:7)"]),
     }
 
-    assert hang_report.start_hang(ranks) == ([], [ranks[1], ranks[3]])
+    assert hang_judge.start_hang(ranks) == ([], [ranks[1], ranks[3]])
 
 
 def test_a_rank_outside_the_collective_that_hangs_in_the_teardown_is_placed_at_its_frames():
@@ -1468,7 +1492,7 @@ def test_an_ordinary_stop_counts_a_rank_as_answered_by_its_stacks_or_its_answer(
         1: Rank(1, "h", registered={"pid": 2}, frames=["step (x.py:1)"]),  # its stacks; its answer still being written
         2: Rank(2, "h"),  # never registered
     }
-    stop = hang_report.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
+    stop = hang_judge.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
 
     assert hang_report.summary(ranks, [], "why", Path("/r"), stop)[1] == (
         "srun.sh:   an ordinary stop: 2 of 3 ranks answered; because"
@@ -1490,7 +1514,7 @@ def test_a_rank_whose_gpu_never_started_it_and_whose_stacks_did_not_come_is_said
     ranks = ranks_with({0: started, 1: queued})
     ranks[1].frames = []
 
-    found = hang_report.collectives(ranks, 2)
+    found = hang_collectives.collectives(ranks, 2)
 
     assert hang_report.whereabouts(ranks[1], found) == (
         "its GPU never started it (the work queued before it is stuck), at no stacks"

@@ -1,7 +1,8 @@
-"""How launcher/health_report.py judges the ranks' records (the verdicts the SLURM tests cannot reach on one shared CPU:
+"""How launcher/health/report.py judges the ranks' records (the verdicts the SLURM tests cannot reach on one shared CPU:
 GPU figures, four nodes, a rank that never started, a hang of the whole job), and how launcher/health.py pairs nodes.
 
-The records are shaped as launcher/health.py writes them; the runs of the real check are in tests/test_srun_health.py.
+The records are shaped as launcher/health.py (health/check.py) writes them; the runs of the real check are in
+tests/test_srun_health.py.
 """
 
 import itertools
@@ -20,9 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import health, health_report
-from launcher.health import RETEST_CYCLES, best_pairs, pair_rounds, retest_plan
-from launcher.health_report import Layout, Run
+from launcher.health import report as health_report
+from launcher.health.check import GPU_SIZES, RETEST_CYCLES, Record, best_pairs, pair_rounds, retest_plan
+from launcher.health.judge import Node, arrangements, judge, noise_chance, outliers
+from launcher.health.records import Layout, Run, describe, exit_statuses, part_order, ranges, read_records
+from launcher.health.table import console, job_figures, number, write_results
 
 DOCS = (Path(__file__).resolve().parents[1] / "docs" / "health.md").read_text()
 # What docs/health.md promises, read from its text (never from the module's constants).
@@ -76,7 +79,7 @@ def healthy(layout: Layout, node_busbw: dict[str, float] | None = None, matmul: 
 
 def judged(layout: Layout, records: dict, outcome: str = "finished", late: list[int] | None = None, tmp_path=None):
     run = Run(tmp_path, layout, records, outcome, late or [], 60.0, 30.0)
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
     return {node.host: node for node in nodes}, job
 
 
@@ -172,9 +175,9 @@ def test_hang_of_the_whole_job_blames_no_node(four_nodes: Layout, tmp_path):
 def test_console_table_names_each_failed_node_with_the_fix(four_nodes: Layout, tmp_path):
     records = healthy(four_nodes, {"c": 300.0})
     run = Run(tmp_path, four_nodes, records, "finished", [], 60.0, 31.2)
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
-    lines = health_report.console(run, nodes, job)
+    lines = console(run, nodes, job)
 
     assert lines[0].startswith("srun.sh: health check of 4 node(s) x 2 rank(s) over nccl, 31.2 s;")
     assert lines[1].split()[:3] == ["node", "ranks", "GPUs"]
@@ -207,7 +210,7 @@ def test_three_nodes_go_through_the_same_parts_and_the_idle_one_waits_at_the_bar
     """A node count that is not a power of two leaves a node without a partner in some round: the real check on
     three gloo ranks under torchrun, each its own "node" (a host name of its own, the stand-in's only part),
     finishes."""
-    health = Path(health_report.__file__).with_name("health.py")
+    health = Path(health_report.__file__).parent.with_name("health.py")  # what every rank runs
     wrapper = tmp_path / "rank.py"
     wrapper.write_text(
         "import os, runpy, socket, sys\n"
@@ -326,9 +329,9 @@ def test_a_healthy_node_whose_one_pair_measured_27_percent_low_is_not_condemned(
 def test_a_capped_link_is_condemned_with_how_sure_and_the_samples_it_rests_on(tmp_path):
     layout, records = three_nodes_retested(0.0598, CAPPED_BROADCAST, HEALTHY_BROADCAST[:12])
     run = Run(tmp_path, layout, records, "finished", [], 60.0, 20.0)
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
-    lines = health_report.console(run, nodes, job)
+    lines = console(run, nodes, job)
 
     c = nodes[2]
     assert c.verdict == "slow" and [node.verdict for node in nodes[:2]] == ["ok", "ok"]
@@ -356,19 +359,19 @@ def test_a_link_below_but_within_the_noise_is_suspect_named_and_not_excluded(tmp
     with its figures; the check passes and excludes nothing."""
     reference = HEALTHY_BROADCAST[:12]
     own = [value * factor for value in reference]  # lower on the median, yet often above the reference
-    assert NOISE_CHANCE < health_report.noise_chance(own, reference) <= SUSPECT_CHANCE
+    assert NOISE_CHANCE < noise_chance(own, reference) <= SUSPECT_CHANCE
     layout, records = three_nodes_retested(0.5, own, reference)
     run = Run(tmp_path, layout, records, "finished", [], 60.0, 20.0)
     (tmp_path / "health").mkdir()
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
-    passed = health_report.write_results(run, nodes, job)
+    passed = write_results(run, nodes, job)
 
     assert nodes[2].verdict == "suspect" and nodes[2].reasons[0].startswith("suspect, not excluded: pair broadcast")
     assert passed and (tmp_path / "health" / "failed-nodes").read_text() == ""
     report = json.loads((tmp_path / "health.json").read_text())
     assert report["failed_nodes"] == [] and report["suspect_nodes"] == ["c"]
-    assert "c suspect (not excluded: run the check again)" in health_report.console(run, nodes, job)[-1]
+    assert "c suspect (not excluded: run the check again)" in console(run, nodes, job)[-1]
 
 
 def test_a_pair_measured_once_low_is_only_suspect(tmp_path):
@@ -389,7 +392,7 @@ def test_the_rank_tests_arrangements_are_every_order_counted_by_its_inversions(l
     for places in itertools.combinations(range(low + high), low):  # the low values' places in the sorted whole
         counts[sum(1 for place in places for other in range(place) if other not in places)] += 1
 
-    assert health_report.arrangements(low, high) == counts
+    assert arrangements(low, high) == counts
 
 
 @settings(deadline=None)
@@ -399,7 +402,7 @@ def test_noise_chance_is_the_share_of_orders_at_least_as_extreme(own: list[float
     orders = list(itertools.combinations(range(len(own) + len(reference)), len(own)))
     extreme = [p for p in orders if sum(1 for x in p for y in range(x) if y not in p) <= inverted]
 
-    assert health_report.noise_chance(own, reference) == pytest.approx(len(extreme) / len(orders))
+    assert noise_chance(own, reference) == pytest.approx(len(extreme) / len(orders))
 
 
 @pytest.mark.parametrize("count", [3, 4, 8, 13])
@@ -429,7 +432,7 @@ def test_retests_measure_each_suspect_against_two_partners_and_their_pair_in_ste
 def test_retests_low_in_an_order_noise_often_gives_clear_the_node(tmp_path):
     reference = HEALTHY_BROADCAST[:12]
     own = [value * 0.8 for value in reversed(reference)]
-    assert health_report.noise_chance(own, reference) > SUSPECT_CHANCE
+    assert noise_chance(own, reference) > SUSPECT_CHANCE
     layout, records = three_nodes_retested(0.5, own, reference)
 
     nodes, _ = judged(layout, records, tmp_path=tmp_path)
@@ -541,8 +544,8 @@ def test_parts_are_ordered_and_named_as_docs_health_md_lists_them():
     order += ["pair.2.all_reduce", "pair.10.broadcast", "retest.0.all_reduce", "retest.0.broadcast"]
     order += ["retest.11.all_reduce", "job.all_reduce", "job.broadcast"]
 
-    assert sorted(reversed(order), key=health_report.part_order) == order
-    names = [health_report.describe(part) for part in order[:5] + order[7:9] + order[-1:]]
+    assert sorted(reversed(order), key=part_order) == order
+    names = [describe(part) for part in order[:5] + order[7:9] + order[-1:]]
     assert names == [
         "the start (torch import, rendezvous)",
         "the GPU test",
@@ -597,14 +600,14 @@ def test_a_stopped_check_judges_no_figure_and_says_it_was_stopped(tmp_path):
     records[1] |= {"part": "job.all_reduce", "finished": False}
     run = Run(tmp_path, layout, records, "stopped", [], 60.0, 3.0)
 
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
     assert job == "the check was stopped before it finished"
     assert [(node.verdict, node.reasons) for node in nodes] == [
         ("ok", []),
         ("blocked", ["rank 1 did not finish: the check stopped"]),
     ]
-    lines = health_report.console(run, nodes, job)
+    lines = console(run, nodes, job)
     assert lines[-2:] == [
         "srun.sh: the job: the check was stopped before it finished",
         f"srun.sh: health check failed; {tmp_path / 'health.json'}",
@@ -619,19 +622,19 @@ def test_the_console_gives_the_job_figures_and_numbers_in_three_digits(tmp_path)
         record["results"]["job.broadcast"] = collective([0, 1], 0.04567)
         record["results"]["start"]["backend"] = "gloo" if rank else "nccl"
     run = Run(tmp_path, layout, records, "finished", [], 60.0, 3.04)
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
-    lines = health_report.console(run, nodes, job)
+    lines = console(run, nodes, job)
 
     assert lines[0].startswith("srun.sh: health check of 2 node(s) x 1 rank(s) over gloo, nccl, 3.0 s;")
     assert "job (2 ranks): all-reduce 123 GB/s, broadcast 0.0457 GB/s" in lines
-    assert [health_report.number(v) for v in (None, 99.94, 100.0, 4.3)] == ["n/a", "99.9", "100", "4.3"]
-    assert health_report.number(2250.4) == "2250"  # a B200's bf16 matmul TF/s: whole, not "2.25e+03"
-    assert health_report.job_figures(records) == {"all_reduce": 123.4, "broadcast": 0.04567}
+    assert [number(v) for v in (None, 99.94, 100.0, 4.3)] == ["n/a", "99.9", "100", "4.3"]
+    assert number(2250.4) == "2250"  # a B200's bf16 matmul TF/s: whole, not "2.25e+03"
+    assert job_figures(records) == {"all_reduce": 123.4, "broadcast": 0.04567}
 
 
 def test_a_worse_verdict_wins_and_every_reason_is_kept():
-    node = health_report.Node("a", [0])
+    node = Node("a", [0])
     for verdict in ["suspect", "slow", "blocked", "ok", "hang", "fail"]:
         node.fail(verdict, verdict)
 
@@ -640,7 +643,7 @@ def test_a_worse_verdict_wins_and_every_reason_is_kept():
         ["suspect", "slow", "blocked", "ok", "hang", "fail"],
         True,
     )
-    assert [health_report.Node("b", [], verdict=v).failed for v in ("ok", "suspect", "blocked", "slow", "fail")] == [
+    assert [Node("b", [], verdict=v).failed for v in ("ok", "suspect", "blocked", "slow", "fail")] == [
         False, False, False, True, True
     ]  # fmt: skip
 
@@ -726,10 +729,10 @@ def test_health_json_and_the_table_say_every_figure_and_verdict(four_nodes: Layo
         del record["results"]["start"]  # no start result: no backend to name
     run = Run(tmp_path, four_nodes, records, "finished", [], 60.0, 31.25)
     (tmp_path / "health").mkdir()
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
-    assert health_report.write_results(run, nodes, job) is False
-    lines = health_report.console(run, nodes, job)
+    assert write_results(run, nodes, job) is False
+    lines = console(run, nodes, job)
 
     report = json.loads((tmp_path / "health.json").read_text())
     assert {key: report[key] for key in ("passed", "outcome", "seconds", "timeout_s", "failed_nodes")} == {
@@ -748,13 +751,13 @@ def test_health_json_and_the_table_say_every_figure_and_verdict(four_nodes: Layo
     assert first.startswith("a     0-1    2/2   139") and first.endswith("OK")  # left-aligned columns
     assert "srun.sh: c:   node all-reduce samples: c 299 300 0.0456" in lines
     assert not any(line.startswith("job (") for line in lines)  # no job figures measured
-    assert health_report.ranges([4, 0, 1, 5]) == "0,1,4,5" and health_report.ranges([3]) == "3"
-    assert health_report.ranges([2, 3]) == "2-3"
+    assert ranges([4, 0, 1, 5]) == "0,1,4,5" and ranges([3]) == "3"
+    assert ranges([2, 3]) == "2-3"
 
 
 def test_a_member_still_at_the_start_is_named_with_its_stage_as_launcher_health_records_it(four_nodes, tmp_path):
     """launcher/health.py's record of a rank in the rendezvous has no part yet (None) and the stage "rendezvous"."""
-    record = health.Record(tmp_path / "health" / "rank-2.json", {"rank": 2, "host": "b"})
+    record = Record(tmp_path / "health" / "rank-2.json", {"rank": 2, "host": "b"})
     record.stage("rendezvous")
     records = healthy(four_nodes)
     records[2] = json.loads((tmp_path / "health" / "rank-2.json").read_text())
@@ -800,7 +803,7 @@ def test_a_figure_is_the_largest_message_sizes_as_launcher_health_measures_them(
     text, where "65536" sorts last)."""
     layout = Layout(["a", "b"], 1)
     records = healthy(layout)
-    sizes = [str(size) for size in health.GPU_SIZES]
+    sizes = [str(size) for size in GPU_SIZES]
     for record in records.values():
         measured = dict(zip(sizes, [20.0, 150.0, 360.0], strict=True))
         record["results"]["node.all_reduce"] |= {"busbw_gb_s": measured, "busbw_gb_s_best": measured}
@@ -823,10 +826,11 @@ def test_records_and_exit_statuses_are_read_for_every_rank_past_a_missing_or_kno
     (tmp_path / "rank-2.json").write_text(json.dumps({"rank": 2, "finished": False}))
     known = {0: {"rank": 0, "finished": True}}
 
-    assert health_report.read_records(tmp_path, 3, known) == {0: known[0], 2: {"rank": 2, "finished": False}}
+    assert read_records(tmp_path, 3, known) == {0: known[0], 2: {"rank": 2, "finished": False}}
     (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "rank-2.status").write_text("1 1796117746 host\n")  # launcher/rank.sh's: status, time, host
-    assert health_report.exit_statuses(tmp_path, 3) == {2: "1"}
+    # launcher/rank/rank.sh's: status, time, host
+    (tmp_path / "logs" / "rank-2.status").write_text("1 1796117746 host\n")
+    assert exit_statuses(tmp_path, 3) == {2: "1"}
 
 
 def test_a_rank_that_exited_badly_before_its_record_fails_its_node_and_one_that_exited_0_does_not(tmp_path):
@@ -847,11 +851,11 @@ def test_every_failed_node_is_in_the_exclude_list_and_in_failed_nodes(four_nodes
     records = healthy(four_nodes, node_busbw={"a": 200.0, "c": 210.0})
     (tmp_path / "health").mkdir()
     run = Run(tmp_path, four_nodes, records, "finished", [], 60.0, 30.0)
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
-    assert health_report.write_results(run, nodes, job) is False
+    assert write_results(run, nodes, job) is False
     assert (tmp_path / "health" / "failed-nodes").read_text() == "a,c\n"
-    assert health_report.console(run, nodes, job)[-1] == (
+    assert console(run, nodes, job)[-1] == (
         f"srun.sh: health check failed on 2 of 4 node(s): a,c (salloc/sbatch --exclude=a,c); {tmp_path / 'health.json'}"
     )
 
@@ -875,7 +879,7 @@ def test_a_broadcast_root_that_finished_the_check_is_not_blamed_for_its_peer_stu
     """A broadcast's root is done early: it can finish the whole check while a receiver still waits in the last
     part. launcher/health.py's finished record has no part any more (None), and that is no rank "still at the
     start"."""
-    record = health.Record(tmp_path / "health" / "rank-0.json", {"rank": 0, "host": "a"})
+    record = Record(tmp_path / "health" / "rank-0.json", {"rank": 0, "host": "a"})
     record.enter("job.broadcast", [0, 1])
     record.done(collective([0, 1], 1.0))
     record.finish()
@@ -997,7 +1001,7 @@ def test_a_pair_exactly_at_90_percent_of_the_median_is_not_suspect(tmp_path):
 def test_retests_exactly_10_percent_below_that_rule_out_noise_are_suspect_not_slow(tmp_path):
     """Slow takes "more than 10% below"; an order that rules out noise, at exactly 10% below, is suspect."""
     own, reference = [0.86, 0.9, 0.94] * 4, [0.96, 1.0, 1.04] * 4  # medians 0.9 and 1.0
-    assert health_report.noise_chance(own, reference) <= NOISE_CHANCE
+    assert noise_chance(own, reference) <= NOISE_CHANCE
     layout, records = three_nodes_retested(0.5, own, reference)
 
     nodes, _ = judged(layout, records, tmp_path=tmp_path)
@@ -1010,7 +1014,7 @@ def test_retests_far_below_in_an_order_noise_gives_exactly_1_in_20_are_suspect(t
     """docs/health.md: suspect at "at most 1 in 20": three retests each way, all of its below all of the reference's,
     is one order of the 20."""
     own, reference = [0.5, 0.52, 0.51], [1.0, 1.02, 1.01]
-    assert health_report.noise_chance(own, reference) == SUSPECT_CHANCE == 1 / math.comb(6, 3)
+    assert noise_chance(own, reference) == SUSPECT_CHANCE == 1 / math.comb(6, 3)
     layout, records = three_nodes_retested(0.5, own, reference)
 
     nodes, _ = judged(layout, records, tmp_path=tmp_path)
@@ -1031,7 +1035,7 @@ def test_two_suspects_retested_in_the_same_steps_are_each_judged_on_all_their_re
                 record["results"][part] = result | collective(result["ranks"], figures[tuple(result["ranks"])])
     measured = {pair: figures[pair] for pair in {tuple(r["results"][p]["ranks"]) for r in records.values()
                                                  for p in r["results"] if p.startswith("pair.")}}  # fmt: skip
-    plan = health.retest_plan({"broadcast": best_pairs(measured)})
+    plan = retest_plan({"broadcast": best_pairs(measured)})
     assert any(len({suspect for suspect, _, _ in step}) == 2 for step in plan)  # the case: both in one step
     count = {2: 0, 5: 0}
     for index, step in enumerate(plan):
@@ -1062,9 +1066,9 @@ def test_two_suspect_nodes_are_named_as_a_node_list_when_the_check_passes(tmp_pa
             part = next(p for p, r in records[rank]["results"].items() if r.get("ranks") == list(pair))
             records[rank]["results"][part.replace("all_reduce", "broadcast")] |= collective(list(pair), figure)
     run = Run(tmp_path, layout, records, "finished", [], 60.0, 5.0)
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
-    lines = health_report.console(run, nodes, job)
+    lines = console(run, nodes, job)
 
     assert [node.verdict for node in nodes] == ["ok", "ok", "suspect", "suspect"]
     assert lines[-1] == (
@@ -1081,9 +1085,9 @@ def test_the_table_of_one_gpu_without_collectives_is_the_one_in_docs_health_md(t
     record = healthy(layout)[0]
     record["results"] = {"start": {"backend": "nccl", "seconds": 1}, "gpu": gpu("GPU-0", 785.0) | {"hbm_tb_s": 4.21}}
     run = Run(tmp_path, layout, {0: record}, "finished", [], 60.0, 3.0)
-    nodes, job = health_report.judge(run)
+    nodes, job = judge(run)
 
-    lines = health_report.console(run, nodes, job)
+    lines = console(run, nodes, job)
 
     assert lines[0].endswith(", 3.0 s; bus bandwidth in GB/s (pair: the best partner's)")
     assert lines[2].split() == row
@@ -1135,7 +1139,7 @@ def test_a_rank_in_a_part_past_the_timeout_is_late_before_the_starts_three_timeo
 
 
 def test_a_launch_whose_ranks_finished_is_left_to_end_by_itself_and_its_time_counted(tmp_path, monkeypatch):
-    """Its ranks' last words (launcher/rank.sh writes each rank's status after it exits) are not cut off by a
+    """Its ranks' last words (launcher/rank/rank.sh writes each rank's status after it exits) are not cut off by a
     SIGTERM, and the check's seconds are the wall time it took, waiting included."""
     layout = Layout(["a"], 1)
     status = tmp_path / "logs" / "rank-0.status"
@@ -1197,7 +1201,7 @@ def test_help_without_a_launch_prints_the_usage_and_what_each_option_is(option, 
 def test_any_figures_of_zero_or_more_give_outliers_without_an_error(figures):
     """Measured figures are never negative, and may be 0 (a GPU another process fills: 0 GiB free); most of them 0
     made the median 0, and the report died of a ZeroDivisionError instead of printing its table."""
-    found = health_report.outliers({who: (value, value) for who, value in figures.items()})
+    found = outliers({who: (value, value) for who, value in figures.items()})
 
     assert set(found) <= set(figures)
     assert all(0.1 < below <= 1 for below, _ in found.values())

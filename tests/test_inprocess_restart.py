@@ -26,8 +26,10 @@ from nvidia_resiliency_ext.inprocess.utils import log_exc
 from nvidia_resiliency_ext.inprocess.wrap import HealthCheckPassed
 
 import entrypoint
-from launcher import inprocess, progress, resilience, restart_log
-from launcher.errors import UsageError
+from launcher.config.errors import UsageError
+from launcher.hang import progress
+from launcher.restart import inprocess, plan
+from launcher.restart import log as restart_log
 from tests.conftest import REPO
 from tests.srun_world import FIXTURES, SrunWorld
 
@@ -49,9 +51,9 @@ FAST = [
 
 
 def test_off_unless_the_override_turns_it_on():
-    assert not inprocess.plan([], 2, 8, 29500).enabled
-    assert not inprocess.plan([ON, "~inprocess_restart"], 2, 8, 29500).enabled
-    assert inprocess.plan([ON], 2, 8, 29500).header().startswith("in-process restart on: 16 of 16 rank(s) train")
+    assert not plan.plan([], 2, 8, 29500).enabled
+    assert not plan.plan([ON, "~inprocess_restart"], 2, 8, 29500).enabled
+    assert plan.plan([ON], 2, 8, 29500).header().startswith("in-process restart on: 16 of 16 rank(s) train")
 
 
 @given(
@@ -65,12 +67,12 @@ def test_plan_takes_whole_spare_nodes_and_ports_below_65536_and_refuses_the_rest
     arguments = [ON, f"inprocess_restart.active_world_size={active}"]
     works = active <= world and (world - active) % per_node == 0 and port + 2 <= 65535
     if works:
-        result = inprocess.plan(arguments, nodes, per_node, port)
+        result = plan.plan(arguments, nodes, per_node, port)
         assert result.spare_nodes * per_node == world - active
         assert f"{result.spare_nodes} spare node(s)" in result.header() or result.spare_nodes == 0
     else:
-        with pytest.raises(inprocess.PlanError):
-            inprocess.plan(arguments, nodes, per_node, port)
+        with pytest.raises(plan.PlanError):
+            plan.plan(arguments, nodes, per_node, port)
 
 
 def test_dry_run_keeps_the_step_alive_only_with_in_process_restart_and_names_the_spares(srun_world: SrunWorld):
@@ -102,7 +104,8 @@ def test_spares_that_are_not_whole_nodes_are_refused_before_anything_starts(srun
 
 
 def test_enabled_override_alone_creates_the_section_the_recipe_left_null():
-    """Failed before launcher/resilience.py: "cannot set 'inprocess_restart.enabled': 'inprocess_restart' is null"."""
+    """Failed before launcher/restart/inprocess.py: "cannot set 'inprocess_restart.enabled': 'inprocess_restart' is
+    null"."""
     cfg, _ = entrypoint.resolve(entrypoint.parse_args([TINY, ON, "nvrx_straggler.enabled=true"]))
 
     assert cfg.inprocess_restart == InProcessRestartConfig(enabled=True)
@@ -252,7 +255,7 @@ DUMP_SWITCH = """
 import os, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from launcher import hang_dumps
+from launcher.hang import dumps as hang_dumps
 hang_dumps.install(Path(sys.argv[1]), 0, in_process_restart=sys.argv[2] == "on")
 print(os.environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT"))
 """
@@ -287,7 +290,7 @@ def test_with_in_process_restart_torch_does_not_dump_on_an_abort_unless_the_user
 
 
 def test_the_hang_watch_gives_a_restart_the_start_up_limit():
-    from launcher.hang_watch import START_LIMIT_S, StallClock
+    from launcher.hang.watch import START_LIMIT_S, StallClock
 
     clock = StallClock(None, 0.0)
     for step, now in enumerate([10.0, 11.0, 12.0], start=1):
@@ -365,8 +368,8 @@ def test_upstream_defect_pretrain_never_gets_the_call_wrapper(monkeypatch):
     **kwargs) has none, so _pretrain always gets inprocess_call_wrapper=None: no per-iteration PrefixStore for the
     process group's rendezvous, and the failure path (logger.exception, process-group clean-up) runs as if there
     were no restart. Upstream needs: `def _adapter(*args, inprocess_call_wrapper: CallWrapper | None = None, **kw)`.
-    Ours: entrypoint.py does not arm launcher/failure_exit.py under in-process restart (its timer, started by that
-    logger.exception, would end a rank that is restarting)."""
+    Ours: entrypoint.py does not arm launcher/restart/exit_after_failure.py under in-process restart (its timer,
+    started by that logger.exception, would end a rank that is restarting)."""
     from nvidia_resiliency_ext.inprocess.param_utils import substitute_param_value
 
     _, adapter = bridge_wrapper(InProcessRestartConfig(enabled=True, granularity="rank"), monkeypatch)
@@ -376,13 +379,14 @@ def test_upstream_defect_pretrain_never_gets_the_call_wrapper(monkeypatch):
 
 
 def test_ours_gives_pretrain_the_call_wrapper(monkeypatch):
-    """With launcher/resilience.py's fix, NVRx's own parameter substitution finds the adapter's parameter, and the
-    adapter hands the CallWrapper to the training function: _pretrain knows it restarts (upstream's code unchanged)."""
+    """With launcher/restart/inprocess.py's fix, NVRx's own parameter substitution finds the adapter's parameter, and
+    the adapter hands the CallWrapper to the training function: _pretrain knows it restarts (upstream's code
+    unchanged)."""
     from megatron.bridge.training import inprocess_restart as bridge
     from nvidia_resiliency_ext.inprocess.param_utils import substitute_param_value
 
     monkeypatch.setattr(bridge, "inprocess_restart", bridge.inprocess_restart)  # put back after the test
-    resilience.pass_the_call_wrapper()
+    inprocess.pass_the_call_wrapper()
     _, adapter = bridge_wrapper(InProcessRestartConfig(enabled=True, granularity="rank"), monkeypatch)
     marker = object()
     args, kwargs = substitute_param_value(adapter, ("state", "forward"), {"store": None}, {CallWrapper: marker})
@@ -402,7 +406,8 @@ def test_upstream_defect_max_iterations_is_never_given_to_nvrx(monkeypatch):
 def test_upstream_defect_the_node_layer_is_sized_by_the_visible_gpus_not_the_ranks_a_node_runs(monkeypatch):
     """granularity=node sizes NVRx's per-node layer by torch.cuda.device_count(): 0 on a host without GPUs, and
     more than the ranks a node runs under SRUNSH_GPUS_PER_NODE below its GPUs. Ours: the rank's check requires one
-    rank per visible GPU with granularity=node (launcher/resilience.py). Upstream needs LOCAL_WORLD_SIZE there."""
+    rank per visible GPU with granularity=node (launcher/restart/inprocess.py). Upstream needs LOCAL_WORLD_SIZE
+    there."""
     wrapper, _ = bridge_wrapper(InProcessRestartConfig(enabled=True, granularity="node"), monkeypatch)
     node_layer = wrapper.rank_assignment.layers[1]
     assert (node_layer.min_ranks, node_layer.max_ranks) == (0, 0)
@@ -469,7 +474,7 @@ def test_a_straggler_is_named_with_rank_and_host_and_every_score_goes_to_the_run
     from megatron.bridge.training.config import NVRxStragglerDetectionConfig
     from megatron.bridge.training.nvrx_straggler import NVRxStragglerDetectionManager
 
-    from launcher import straggler
+    from launcher.restart import straggler
 
     config = NVRxStragglerDetectionConfig(enabled=True, stop_if_detected=True)
     straggler.install(config, tmp_path)

@@ -1,14 +1,15 @@
-"""launcher/launcher_notes.py against the GNU sed filter it replaced (srun.sh's keep_launcher_notes until 2026-12-02),
+"""launcher/host/notes.py against the GNU sed filter it replaced (srun.sh's keep_launcher_notes until 2026-12-02),
 on lines srun, slurmstepd, pyxis and torchrun print and on lines hypothesis draws."""
 
+import io
 import subprocess
-import sys
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-REPO = Path(__file__).resolve().parents[1]
+from launcher.host.notes import pass_on
+
 ONLY = (
     r"^(srun: error: [^ ]+: tasks? [0-9,-]+: (Exited with exit code [0-9]+|Terminated|Killed)$"
     r"|slurmstepd(-[^:]+)?: |srun: (launch/slurm: _step_signal: Terminating StepId|Job step aborted"
@@ -56,11 +57,10 @@ def run(command: list[str], lines: bytes, tmp_path: Path) -> tuple[bytes, bytes]
 def ours(local: str, lines: bytes, tmp_path: Path) -> tuple[bytes, bytes]:
     log = tmp_path / "ours.log"
     log.write_bytes(b"")
-    script = REPO / "launcher" / "launcher_notes.py"
-    done = subprocess.run(
-        [sys.executable, str(script), str(log), local], input=lines, stdout=subprocess.PIPE, check=True, timeout=60
-    )
-    return done.stdout, log.read_bytes()
+    console = io.BytesIO()
+    with log.open("ab") as sink:
+        pass_on(io.BytesIO(lines), console, sink, local == "1")
+    return console.getvalue(), log.read_bytes()
 
 
 def test_the_lines_srun_slurmstepd_pyxis_and_torchrun_print_go_where_the_sed_filter_sent_them(tmp_path):

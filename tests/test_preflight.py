@@ -1,6 +1,6 @@
-"""launcher/preflight.py reads values as srun.sh's bash did before the checks moved there: its messages quote a value as
-bash's printf %q does, and SRUNSH_MOUNT and CUDA_VISIBLE_DEVICES split as bash's read splits them. Each is compared
-with bash itself, on text the code did not choose."""
+"""launcher/host/preflight.py reads values as srun.sh's bash did before the checks moved there: its messages quote a
+value as bash's printf %q does, and SRUNSH_MOUNT and CUDA_VISIBLE_DEVICES split as bash's read splits them. Each is
+compared with bash itself, on text the code did not choose."""
 
 import subprocess
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.preflight import fields, q, split_mount, time_limit_seconds, visible_gpus
+from launcher.host.preflight import fields, q, split_mount, time_limit_seconds, visible_gpus
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,8 +42,8 @@ def test_mount_entries_split_as_bash_read_splits_them(spec: str):
 @settings(max_examples=50, deadline=None)
 @given(devices=st.text(st.sampled_from("0,1 \n"), max_size=8))
 def test_the_launching_host_counts_the_gpus_a_rank_counts(devices: str):
-    """preflight.py checks --local's GPUs on the launching host; launcher/rank.sh checks each rank's own."""
-    rank_side = bash(f"source {REPO}/launcher/rank.sh; CUDA_VISIBLE_DEVICES=$1 visible_gpus", devices)
+    """preflight.py checks --local's GPUs on the launching host; launcher/rank/rank.sh checks each rank's own."""
+    rank_side = bash(f"source {REPO}/launcher/rank/rank.sh; CUDA_VISIBLE_DEVICES=$1 visible_gpus", devices)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CUDA_VISIBLE_DEVICES", devices)
         assert visible_gpus() == int(rank_side)

@@ -1,4 +1,4 @@
-"""launcher/splits.py's arithmetic and lines, in-process and fast (bench/mutation.py's tests of the module): the
+"""launcher/config/splits.py's arithmetic and lines, in-process and fast (bench/mutation.py's tests of the module): the
 documents megatron-core's builder gives each split, each part's sample target (Megatron-LM's formula for the split
 targets, megatron-core's ceil(target x weight x (1 + surplus)) for a weighted blend), the sample count of one epoch,
 and the refusal's words. The values are worked out by hand from those formulas; tests/test_data_splits.py runs
@@ -15,8 +15,8 @@ from megatron.bridge.training.config import GPTDatasetConfig
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.utils import Split
 
-from launcher import splits
-from launcher.errors import UsageError
+from launcher.config import splits
+from launcher.config.errors import UsageError
 
 
 def dataset_config(**fields) -> GPTDatasetConfig:

@@ -8,7 +8,7 @@ package), so the steps run under tests/fixtures/pyxis_lifecycle: a stand-in for 
 which keeps each node's containers as folders on that node's own disk and logs every create, start and remove.
 srun.sh's own removal step runs the stand-in's `enroot list` / `enroot remove -f`. What the stand-in models was
 checked against a real pyxis 0.24.0 + enroot 4.1.2 on this test cluster (bench/results/container-start.md,
-with the commit of its script). launcher/container.py reads the real plugstack configuration through the real
+with the commit of its script). launcher/host/container.py reads the real plugstack configuration through the real
 `scontrol show config`.
 """
 
@@ -27,7 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.container import Pyxis, launch_container_name, plugstack_lines, read_pyxis, start_note
+from launcher.host.container import Pyxis, launch_container_name, plugstack_lines, read_pyxis, start_note
 from tests.srun_world import FIXTURES, NODES, REPO, SQUASHFS_MAGIC, SRUN_SH, SrunWorld
 
 pytest_plugins = ["tests.srun_world"]
@@ -302,7 +302,7 @@ def test_with_use_squashfuse_the_steps_stay_unnamed(nodes: Nodes, squashfuse_sit
     )
 
 
-# ---- launcher/container.py on its own --------------------------------------------------------------------------
+# ---- launcher/host/container.py on its own --------------------------------------------------------------------------
 
 # pyxis's README: its plugstack line, in a drop-in that the site's plugstack.conf includes.
 PYXIS_README_LINE = "required /usr/local/lib/slurm/spank_pyxis.so\n"

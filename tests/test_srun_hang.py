@@ -4,8 +4,8 @@ SRUNSH_HANG_TIMEOUT_S does; a hang at start names the rank that never joined; a 
 named first, with its host and what the launching host sees of it; a stop of a job that was progressing, also at
 moments drawn at random (HANG_TEST_SEED repeats a draw), blames nobody.
 
-The ranks are tests/fixtures/fake_python with FAKE_STEPS: each installs the real launcher/hang_dumps.py and records
-its steps with the real launcher/progress.py, so srun.sh's watch, its SIGUSR2 to every process of the step, the
+The ranks are tests/fixtures/fake_python with FAKE_STEPS: each installs the real launcher/hang/dumps.py and records
+its steps with the real launcher/hang/progress.py, so srun.sh's watch, its SIGUSR2 to every process of the step, the
 stacks (faulthandler), torch's flight recorder (gloo's) and the report are all the product's own. FAKE_STUCK picks
 the rank that sticks, and how: that is the stand-in's only part.
 """
@@ -27,6 +27,7 @@ from tests.srun_world import REPO, SrunWorld, wait_gone
 
 pytest_plugins = ["tests.srun_world"]
 
+REPORT_PY = REPO / "launcher" / "hang" / "report.py"
 TRAINING = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_STEPS": "100000", "FAKE_STEP_S": "0.1"}
 
 
@@ -54,7 +55,7 @@ def wait_for_step(world: SrunWorld, step: int, timeout: float = 60) -> None:
 
 
 def processes_of(run_dir: Path) -> list[int]:
-    """This host's processes that name the run directory: the hang watch, the report, a rank."""
+    """This host's processes that name the run directory: the hang report, a rank."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -135,7 +136,7 @@ def test_stall_at_start_names_the_rank_that_never_joined_and_a_stop_then_blames_
     records = srun_world.records()
     (run_dir,) = srun_world.run_dirs()
     host = os.uname().nodename
-    report = [sys.executable, str(REPO / "launcher" / "hang_report.py"), str(run_dir), "--why", "no step for 1200 s"]
+    report = [sys.executable, str(REPORT_PY), str(run_dir), "--why", "no step for 1200 s"]
     where = ["--world-size", "2", "--nodes", host, "--ranks-per-node", "2", "--local", "--stalled"]
     stalled = subprocess.run([*report, *where], capture_output=True, text=True, timeout=60, check=True)
     stderr = stop(proc, None, signal.SIGTERM)
@@ -279,7 +280,7 @@ def report_now(world: SrunWorld, ranks_per_node: int) -> tuple[str, str]:
     arguments = ["--world-size", str(2 * ranks_per_node), "--nodes", "node1,node2"]
     command = [
         "python3",
-        str(REPO / "launcher" / "hang_report.py"),
+        str(REPORT_PY),
         str(run_dir),
         "--why",
         "srun.sh got SIGTERM",

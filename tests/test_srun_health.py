@@ -1,7 +1,7 @@
 """srun.sh --health and SRUNSH_HEALTH=1 on the two-node test SLURM, run as a user would.
 
 Every rank runs the real launcher/health.py (tests/fixtures/fake_python hands it to this interpreter) over gloo on the
-CPU, so the GPU figures do not apply; launcher/health_report.py supervises the step and prints the table. A test makes
+CPU, so the GPU figures do not apply; launcher/health/report.py supervises the step and prints the table. A test makes
 one rank slow (FAKE_HEALTH_SLOW: its collectives start late) or stuck (FAKE_HEALTH_HANG: its broadcast among its
 node's ranks never returns); those faults live in the stand-in only.
 

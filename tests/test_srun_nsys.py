@@ -1,5 +1,5 @@
 """--nsys: srun.sh turns Megatron Bridge's nsys switch on and tells the ranks; each rank that profiling.profile_ranks
-names runs itself again under nsys once its config is resolved (launcher/nsys.py), with one report per run, host
+names runs itself again under nsys once its config is resolved (launcher/rank/nsys.py), with one report per run, host
 and rank in RUN_DIR/nsys/."""
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import nsys
+from launcher.rank import nsys
 from tests.conftest import REPO
 from tests.srun_world import FIXTURES, SrunWorld
 

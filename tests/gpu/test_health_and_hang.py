@@ -83,7 +83,7 @@ def test_hang_report_names_the_training_rank_whose_gpu_stalled(tmp_path: Path, r
     if GPUS > 1:
         assert f"not in it: rank {stalled} on " in summary[1], summary
     else:
-        # The one rank is in its collective, and its GPU never started it (launcher/hang_report.py's summary).
+        # The one rank is in its collective, and its GPU never started it (launcher/hang/report.py's summary).
         assert "is in it, and none completed it" in summary[0], summary
         assert summary[1].startswith("srun.sh:   no member's GPU started it: the work queued before it is stuck"), (
             summary

@@ -41,7 +41,7 @@ STOP_AFTER = 8  # SIGTERM once this iteration is logged: the next iteration boun
 # deterministic). A resume from the wrong step, data position or schedule moves these losses by far more.
 LOSS_TOLERANCE = 5e-4
 # A rank that saves and exits is gone within seconds of the signal; one still there this long after it is asked for its
-# Python stacks (SIGUSR2, which launcher/hang_dumps.py answers with faulthandler), so that the record shows where it
+# Python stacks (SIGUSR2, which launcher/hang/dumps.py answers with faulthandler), so that the record shows where it
 # waits instead of saving.
 STACKS_AFTER_S = 12.0
 
@@ -62,7 +62,7 @@ class Launch:
         return sorted(int(path.name.removeprefix("iter_")) for path in (self.run_dir / "checkpoints").glob("iter_*"))
 
     def rank_status(self) -> str | None:
-        """launcher/rank.sh's record of how rank 0 ended; None when its shell was killed too (torchrun's SIGKILL to
+        """launcher/rank/rank.sh's record of how rank 0 ended; None when its shell was killed too (torchrun's SIGKILL to
         the rank's process group, 30 s after its SIGTERM)."""
         status = self.run_dir / "logs" / "rank-0.status"
         return status.read_text().strip() if status.exists() else None

@@ -1,0 +1,56 @@
+"""The launch's arguments after the recipe, read as assignments: `NAME=VALUE` sets NAME, `~NAME` deletes it.
+
+The one reading of their shape that the launching host (srun.sh's checks, the in-process restart plan) and every rank
+(launcher/config/overrides.py, before Hydra's grammar reads the values) share, so that the two never disagree on what
+is an assignment; standard library only, since the launching host may lack the training stack. An argument is one when
+it is `~` and more, or has a `=` after a first character that is no `=`; any other is refused with NotAssignmentError.
+"""
+
+import dataclasses
+
+from launcher.shell_quote import q
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """One argument as given (text): NAME=VALUE split at its first `=`, or ~NAME with value None (the `=VALUE` of
+    Hydra's `~NAME=VALUE`, a delete only where NAME has that value, stays in text)."""
+
+    name: str
+    value: str | None
+    text: str
+
+
+class NotAssignmentError(ValueError):
+    """An argument that is neither NAME=VALUE nor ~NAME; the message is srun.sh's line for it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(f"argument {q(text)} is not NAME=VALUE: write it as NAME=VALUE, e.g. train.train_iters=1000")
+        self.text = text
+
+
+def assignment(text: str) -> Assignment:
+    """TEXT as an assignment; NotAssignmentError for any other shape."""
+    if text.startswith("~") and len(text) > 1:
+        return Assignment(text[1:].partition("=")[0], None, text)
+    name, equals, value = text.partition("=")
+    if not (name and equals):
+        raise NotAssignmentError(text)
+    return Assignment(name, value, text)
+
+
+def split(args: list[str]) -> list[Assignment]:
+    """Every argument as an assignment, in order; NotAssignmentError for the first that is none."""
+    return [assignment(text) for text in args]
+
+
+def section(assignments: list[Assignment], prefix: str) -> dict[str, str]:
+    """The values of the PREFIX.FIELD=VALUE assignments by FIELD, stripped of outer white space, the last one winning;
+    `~PREFIX` and `PREFIX=null` drop those before them. Any other delete is Hydra's to apply on the ranks."""
+    found: dict[str, str] = {}
+    for given in assignments:
+        if given.text in (f"~{prefix}", f"{prefix}=null"):
+            found.clear()
+        elif given.value is not None and given.name.startswith(f"{prefix}."):
+            found[given.name.removeprefix(f"{prefix}.")] = given.value.strip()
+    return found

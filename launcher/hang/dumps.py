@@ -1,0 +1,140 @@
+"""What a rank writes when srun.sh asks for a hang report (SIGUSR2): its Python stacks and torch's flight recorder.
+
+srun.sh sends SIGUSR2 to every process of the job step (`scancel --signal=USR2`; with --local, to the pid each rank
+registers here) and then reads RUN_DIR/hang/ (launcher/hang/report.py):
+
+- rank-R.json, written at start: the rank's host, pid, process start time and main thread, so that srun.sh signals
+  only this process and finds its main thread among the stacks;
+- stacks-rank-R.txt: every thread's Python stack, appended by the standard library's faulthandler from inside the
+  signal handler. It needs no interpreter state, so a rank stuck in native code (an NCCL or CUDA wait that never
+  returns to Python) still answers;
+- fr/rank-R: torch's flight recorder (the recent collectives of every process group, with their sequence numbers
+  and states) as torch pickles it (`torchfrtrace` reads it), dumped by a thread that the signal wakes through
+  signal.set_wakeup_fd, since the main thread may never run Python again;
+- answer-rank-R.json, once that thread is done: when the request came, whether torch.distributed was up, the
+  backend, the last step, when it completed and the longest step so far (launcher/hang/progress.py, this host's
+  clock). The thread needs the GIL: a rank whose stuck thread holds it answers with its stacks only.
+
+SIGUSR2 is blocked in the main thread, so in every thread it starts and in every process the rank starts (the mask is
+inherited across fork and exec): data loader workers, compilers and checkpoint writers ignore the step-wide signal
+instead of dying of it. Only the answering thread takes it.
+"""
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.hang import progress
+
+SIGNAL = signal.SIGUSR2
+
+# torch's own switches for its flight recorder, each under its current name and the older one torch still reads (a
+# value the user set under either wins): the size of the trace buffer; NCCL's start events, so that the record tells
+# a collective that a GPU started from one queued behind stuck work (an event per collective); and NCCL's own dump
+# when its watchdog times a collective out (into RUN_DIR/hang/nccl-timeout/, set in install()).
+TORCH_ENVIRONMENT = {
+    ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"): "2000",
+    ("TORCH_NCCL_ENABLE_TIMING",): "1",
+    ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "1",
+}
+# With in-process restart, no dump of NCCL's own: after an abort, torch's dump leaves its heartbeat monitor in a
+# sleep of TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC that the process group's destructor (in NVRx's abort) then waits for, past
+# NVRx's hard timeout. NVRx dumps the flight recorder itself at an abort.
+RESTART_ENVIRONMENT = {**TORCH_ENVIRONMENT, ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "0"}
+
+_installed: dict[str, Any] = {}  # the open stacks file and the wake-up socket live as long as the process
+
+
+def install(run_dir: Path, rank: int, in_process_restart: bool = False) -> None:
+    """Answer srun.sh's SIGUSR2 from now on. Call it from the main thread, before torch.distributed starts."""
+    directory = run_dir / "hang"
+    for subdirectory in ("fr", "nccl-timeout"):
+        (directory / subdirectory).mkdir(parents=True, exist_ok=True)
+    timeout_dumps = {("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"): f"{directory}/nccl-timeout/rank-"}
+    torch_environment = RESTART_ENVIRONMENT if in_process_restart else TORCH_ENVIRONMENT
+    for names, value in {**torch_environment, **timeout_dumps}.items():
+        if not any(name in os.environ for name in names):
+            os.environ[names[0]] = value
+    stacks = open(directory / f"stacks-rank-{rank}.txt", "a")  # faulthandler writes to it until exit
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    signal.signal(SIGNAL, lambda _signum, _frame: None)  # Python's handler writes the signal to the wake-up socket
+    faulthandler.register(SIGNAL, file=stacks, all_threads=True, chain=True)  # stacks first, then Python's handler
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    _installed.update(stacks=stacks, reader=reader, writer=writer)
+    thread = threading.Thread(target=answer_requests, args=(reader, directory, rank, stacks), daemon=True)
+    thread.name = "srun.sh hang report"
+    thread.start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {SIGNAL})
+    register(directory, rank)
+
+
+def register(directory: Path, rank: int) -> None:
+    record = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "start_time": process_start_time(os.getpid()),
+        "main_thread": threading.main_thread().ident,
+    }
+    progress.write_json(directory / f"rank-{rank}.json", record)
+
+
+def process_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (proc(5)): [0] the state letter, [19] the start time."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_start_time(pid: int) -> str:
+    """Field 22 of /proc/PID/stat: with the pid, it names one process for good (pids are reused)."""
+    return process_stat(pid)[19]
+
+
+def answer_requests(reader: socket.socket, directory: Path, rank: int, stacks: IO[str]) -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {SIGNAL})  # this thread, and only this one, takes the signal
+    while True:
+        received = reader.recv(64)
+        asked = time.time()
+        if SIGNAL not in received:
+            continue  # another signal with a Python handler (SIGINT, SIGTERM): not a request
+        try:
+            answer(directory, rank, stacks, asked)
+        except OSError as error:  # a full or vanished run directory: the stacks are written all the same
+            print(f"srun.sh hang report: rank {rank} could not answer: {error}", file=sys.stderr, flush=True)
+
+
+def answer(directory: Path, rank: int, stacks: IO[str], asked: float) -> None:
+    """Called once faulthandler has written the stacks: make them durable, dump the flight recorder, say so."""
+    try:
+        os.fsync(stacks.fileno())  # a network file system shows another host only what reached the server
+    except OSError:
+        pass  # the stacks stay in the page cache; the launching host may still see them
+    distributed = sys.modules.get("torch.distributed")
+    initialized = bool(distributed and distributed.is_available() and distributed.is_initialized())
+    backend = str(distributed.get_backend()) if initialized else None
+    result = {"rank": rank, "time": asked, "distributed": initialized, "backend": backend}
+    last = progress.LAST
+    result.update(last_step=last.step, last_step_time=last.time, longest_step_s=last.longest_step_s)
+    if initialized:
+        result.update(dump_flight_recorder(directory / "fr" / f"rank-{rank}", backend or ""))
+    progress.write_json(directory / f"answer-rank-{rank}.json", result)
+
+
+def dump_flight_recorder(path: Path, backend: str) -> dict[str, str]:
+    """torch's flight recorder of the backend the default process group uses (NCCL's records its own). Without the
+    call sites of the collectives: symbolizing them takes seconds, and the stacks say where each rank is."""
+    from torch._C import _distributed_c10d as c10d
+
+    dump = c10d._dump_nccl_trace if "nccl" in backend else c10d._dump_fr_trace
+    try:
+        data = dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    except RuntimeError as error:
+        return {"flight_recorder_error": f"{type(error).__name__}: {error}"}
+    progress.replace_file(path, data)
+    return {"flight_recorder": path.name}

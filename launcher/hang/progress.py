@@ -1,0 +1,106 @@
+"""Training progress as srun.sh's hang watch sees it: rank 0 records each completed step in RUN_DIR/hang/progress.json.
+
+One rank is enough: a stuck rank stops every other rank within a step, at its next collective. The record is
+rewritten (write, then rename) after every step:
+
+    {"step": 42, "phase": "training", "time": 1796117746.2, "longest_step_s": 0.13}
+
+`phase` is "training" after a training or evaluation step, "saving" when a checkpoint save follows the step (a save
+may take minutes without a step; the watch waits for the next record instead), "ended" once training is over,
+"restarting" while an in-process restart starts training again (launcher/restart/log.py).
+Every rank also keeps its last step, when it completed and the longest step so far in memory (LAST), which its
+hang-report answer includes: with them the report tells a stop of a progressing job from a stall, on the rank's own
+clock. Standard library only: the launching host reads these records too.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+PROGRESS_FILE = "progress.json"
+
+
+@dataclasses.dataclass
+class Last:
+    """This rank's last record, and the longest time between two records that followed a training step (the gap
+    after a checkpoint save, and the start before the first step, are not a step's)."""
+
+    step: int | None = None
+    time: float | None = None  # time.time() of the record
+    longest_step_s: float | None = None
+    phase: str | None = None
+    monotonic: float | None = None
+
+
+LAST = Last()
+
+
+class Registry(Protocol):
+    """What Megatron Bridge's CallbackManager offers: register(event, fn)."""
+
+    def register(self, event_name: str, fn: Any) -> None: ...
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write, then rename: a reader on any host sees the old file or the new one, never a part."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    replace_file(path, json.dumps(data).encode())
+
+
+def read_json(path: Path) -> dict | None:
+    """A record the ranks or the watch write (write, then rename), or None: not written yet, or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Recorder:
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.path = run_dir / "hang" / PROGRESS_FILE if rank == 0 else None
+
+    def record(self, step: int, phase: str = "training") -> None:
+        now = time.monotonic()
+        if LAST.phase == "training" and phase != "restarting" and LAST.monotonic is not None:
+            LAST.longest_step_s = max(LAST.longest_step_s or 0.0, now - LAST.monotonic)
+        LAST.step, LAST.time, LAST.phase, LAST.monotonic = step, time.time(), phase, now
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, {"step": step, "phase": phase, "time": LAST.time, "longest_step_s": LAST.longest_step_s})
+
+
+def saving_after(checkpoint: Any, step: int) -> bool:
+    """Whether Megatron Bridge saves a checkpoint after completed step `step` (its regular and non-persistent
+    intervals, as checkpoint_and_decide_exit() tests them)."""
+    if not checkpoint.save:
+        return False
+    intervals = (checkpoint.save_interval, getattr(checkpoint, "non_persistent_save_interval", None))
+    return any(interval and step % interval == 0 for interval in intervals)
+
+
+def register(callbacks: Registry, run_dir: Path, rank: int) -> None:
+    """Record progress from Megatron Bridge's training callbacks. on_train_step_end fires before the loop counts the
+    step (train_state.step is the step's index), so the completed step is that index + 1."""
+    recorder = Recorder(run_dir, rank)
+
+    def step_end(context: Any) -> None:
+        step = context.state.train_state.step + 1
+        recorder.record(step, "saving" if saving_after(context.state.cfg.checkpoint, step) else "training")
+
+    def record_step(phase: str) -> Callable[[Any], None]:
+        return lambda context: recorder.record(context.state.train_state.step, phase)
+
+    callbacks.register("on_train_step_end", step_end)
+    callbacks.register("on_eval_step_end", record_step("training"))
+    callbacks.register("on_checkpoint_save", record_step("training"))
+    callbacks.register("on_train_end", record_step("ended"))

@@ -1,0 +1,350 @@
+"""One rank of srun.sh's health check (`./srun.sh --health`, or SRUNSH_HEALTH=1 first), started as launcher/health.py
+exactly as a training rank is (`srun.sh --rank-exec`: the same srun step, container, environment and torch.distributed
+over the job's NCCL and network plugin). It records each part in RUN_DIR/health/rank-R.json as it goes; report.py, on
+the launching host, enforces each part's deadline and reads these records into the table.
+
+The parts, in order (each a collective over the group named, after a barrier of the whole job, so that every node
+measures the same part at the same time):
+  start                import torch, join torch.distributed (the world), learn every rank's host
+  gpu                  the GPU of LOCAL_RANK: visible, its free memory, a bf16 matrix-multiply rate, an HBM copy rate
+  node.all_reduce      among the ranks of this node (NVLink); then node.broadcast
+  pair.K.all_reduce    round K: node i with node i XOR 2^K (ceil(log2 N) rounds of N/2 pairs); then pair.K.broadcast
+  retest.J.all_reduce  a suspect's links (its best pair more than 10% below the nodes' median, by median or best sample)
+                       with the same partner and another, against the pair of those two, RETEST_CYCLES times at the
+                       largest size, so that the report can tell a slow link from noise; then retest.J.broadcast
+  job.all_reduce       over the whole job; then job.broadcast
+Collectives report bus bandwidth (nccl-tests' definition) at a few message sizes; every rate is the median of a few
+samples, with the best sample beside it and every sample at the largest size. Without CUDA the check runs with gloo
+on the CPU, and the GPU part records that it does not apply.
+"""
+
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+GPU_SIZES = (64 << 10, 4 << 20, 256 << 20)  # bytes: latency-bound, mid, bandwidth-bound
+CPU_SIZES = (16 << 10, 256 << 10, 1 << 20)  # gloo on a CPU: small enough to stay quick
+# Each figure is SAMPLES timings of CALLS calls, after WARMUP calls: its median is the figure, its best what the
+# hardware did at least once (the report compares both, so that noise is not an outlier).
+WARMUP, SAMPLES, CALLS = 2, 8, 2
+MATMUL_N, MATMUL_CALLS = 8192, 4
+COPY_BYTES, COPY_CALLS = 1 << 30, 2
+Pair = tuple[int, int]  # two nodes, by their index in the job, the lower first
+Rates = tuple[float, float, list[float]]  # median, best, every sample
+SUSPECT = 0.9  # a node whose best pair is below 90% of the nodes' median is retested (judge.OUTLIER)
+# 2 x RETEST_CYCLES measurements of a suspect against as many of the reference: with 12 and 12 the report's rank test
+# rules out noise (1 check in 1,000) even when 20 of the 144 (own, reference) comparisons go the other way.
+RETEST_CYCLES = 6
+RETEST_SAMPLES = 16  # a retest's best sample is what the link did when nothing else got in the way (noise only slows)
+
+
+class Record:
+    """RUN_DIR/health/rank-R.json, rewritten whole (write, then rename) at every change of part or stage."""
+
+    def __init__(self, path: Path, identity: dict[str, Any]) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {**identity, "part": None, "stage": None, "group": None, "results": {}}
+        self.data.update(error=None, finished=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self) -> None:
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(self.data))
+        os.replace(temporary, self.path)
+
+    def enter(self, part: str, group: list[int] | None = None, stage: str = "running") -> None:
+        if part != self.data["part"]:
+            self.data["since"] = time.time()
+        self.data.update(part=part, group=group, stage=stage)
+        self.write()
+
+    def stage(self, stage: str) -> None:
+        self.data["stage"] = stage
+        self.write()
+
+    def done(self, result: dict[str, Any]) -> None:
+        seconds = round(time.time() - self.data["since"], 3)
+        self.data["results"][self.data["part"]] = {**result, "seconds": seconds}
+        self.write()
+
+    def finish(self) -> None:
+        self.data.update(part=None, stage=None, group=None, finished=True)
+        self.write()
+
+    def fail(self, error: BaseException) -> None:
+        self.data["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
+        self.write()
+
+
+def node_ranks(hosts: list[str]) -> list[list[int]]:
+    """Ranks by host, hosts in the order of their first rank."""
+    nodes: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        nodes.setdefault(host, []).append(rank)
+    return list(nodes.values())
+
+
+def pair_rounds(nodes: int, node: int) -> Iterator[tuple[int, int | None]]:
+    """(round, partner) of `node` in every round: round K pairs node i with node i XOR 2^K; None when that node
+    does not exist (with a node count that is not a power of two)."""
+    for round_ in range(math.ceil(math.log2(nodes)) if nodes > 1 else 0):
+        partner = node ^ (1 << round_)
+        yield round_, partner if partner < nodes else None
+
+
+def round_pairs(nodes: int, round_: int) -> list[tuple[int, int]]:
+    """Every pair of nodes of a round, in one order for every rank."""
+    return [(node, node ^ (1 << round_)) for node in range(nodes) if node < node ^ (1 << round_) < nodes]
+
+
+def rates(work: float, samples: list[float]) -> Rates:
+    """(median, best, every sample) of work per second over the samples' seconds."""
+    return work / statistics.median(samples), work / min(samples), [round(work / sample, 6) for sample in samples]
+
+
+def best_pairs(pairs: dict[tuple[int, int], float]) -> dict[int, tuple[float, int]]:
+    """Each node's best pair, (figure, partner), of the pairs measured (node, node): figure."""
+    best: dict[int, tuple[float, int]] = {}
+    for (a, b), figure in sorted(pairs.items()):
+        for node, partner in ((a, b), (b, a)):
+            if node not in best or figure > best[node][0]:
+                best[node] = (figure, partner)
+    return best
+
+
+def suspects(best: dict[int, tuple[float, int]]) -> list[int]:
+    """The nodes whose best pair is below SUSPECT times the nodes' median (none of fewer than three nodes: a pair's
+    two nodes share its figure)."""
+    if len(best) < 3:
+        return []
+    middle = statistics.median(figure for figure, _ in best.values())
+    return sorted(node for node, (figure, _) in best.items() if figure < SUSPECT * middle)
+
+
+def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[tuple[int, str, tuple[int, int]]]]:
+    """The retests of every suspect of any figure ({figure: best pairs}), as steps of (suspect, role, pair) whose
+    pairs share no node (they run at once): per cycle, the reference, the same partner, the reference, another
+    partner (the best of the rest in that figure)."""
+    found = {op: suspects(best) for op, best in flagged.items()}
+    measurements = []
+    for _ in range(RETEST_CYCLES):
+        for suspect in sorted({node for nodes in found.values() for node in nodes}):
+            best = flagged[next(op for op, nodes in found.items() if suspect in nodes)]
+            same = best[suspect][1]
+            other = max((figure, node) for node, (figure, _) in best.items() if node not in (suspect, same))[1]
+            for role, partner in (("same", same), ("other", other)):
+                measurements.append((suspect, "reference", ordered(same, other)))
+                measurements.append((suspect, role, ordered(suspect, partner)))
+    steps: list[list[tuple[int, str, tuple[int, int]]]] = []
+    for measurement in measurements:  # into the last step unless a node of its pair is busy there
+        if steps and not any(set(measurement[2]) & set(pair) for _, _, pair in steps[-1]):
+            steps[-1].append(measurement)
+        else:
+            steps.append([measurement])
+    return steps
+
+
+def ordered(a: int, b: int) -> tuple[int, int]:
+    return min(a, b), max(a, b)
+
+
+def pair_ranks(nodes: list[list[int]], a: int, b: int) -> list[int]:
+    """The ranks of two nodes, in order."""
+    return sorted(nodes[a] + nodes[b])
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus bandwidth: what each link carries, comparable across group sizes."""
+    return 2 * (ranks - 1) / ranks if op == "all_reduce" else 1.0
+
+
+class Check:
+    """The parts of the check on this rank, in order."""
+
+    def __init__(self, record: Record, rank: int, local_rank: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.record, self.rank, self.local_rank = record, rank, local_rank
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", local_rank) if self.cuda else torch.device("cpu")
+        self.sizes = GPU_SIZES if self.cuda else CPU_SIZES
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def start(self) -> list[str]:
+        self.record.stage("rendezvous")
+        if self.cuda:
+            self.torch.cuda.set_device(self.device)
+        self.dist.init_process_group("nccl" if self.cuda else "gloo")
+        hosts: list[Any] = [None] * self.dist.get_world_size()
+        self.dist.all_gather_object(hosts, socket.gethostname())
+        self.record.done({"backend": self.dist.get_backend(), "world_size": len(hosts)})
+        return hosts
+
+    def gpu(self) -> None:
+        if not self.cuda:
+            self.record.done({"applicable": False, "why": "no CUDA device: the check runs with gloo on the CPU"})
+            return
+        torch = self.torch
+        properties = torch.cuda.get_device_properties(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        result = {"applicable": True, "visible": torch.cuda.device_count(), "device": self.local_rank}
+        result.update(name=properties.name, uuid=str(properties.uuid), free_gib=free / 2**30, total_gib=total / 2**30)
+        self.record.stage("matmul")
+        result["matmul_tflops"], result["matmul_tflops_best"], result["matmul_tflops_samples"] = self.matmul_rate()
+        self.record.stage("hbm copy")
+        result["hbm_tb_s"], result["hbm_tb_s_best"], result["hbm_tb_s_samples"] = self.copy_rate()
+        self.record.done(result)
+
+    def timed(self, work: Callable[[], object], calls: int, count: int = SAMPLES) -> list[float]:
+        """Seconds per call of work, `count` times over `calls` calls each, after WARMUP calls."""
+        for _ in range(WARMUP):
+            work()
+        self.synchronize()
+        samples = []
+        for _ in range(count):
+            started = time.perf_counter()
+            for _ in range(calls):
+                work()
+            self.synchronize()
+            samples.append((time.perf_counter() - started) / calls)
+        return samples
+
+    def matmul_rate(self) -> Rates:
+        torch, n = self.torch, MATMUL_N
+        a, b = (torch.randn(n, n, dtype=torch.bfloat16, device=self.device) for _ in range(2))
+        return rates(2 * n**3 / 1e12, self.timed(lambda: torch.matmul(a, b), MATMUL_CALLS))
+
+    def copy_rate(self) -> Rates:
+        source = self.torch.empty(COPY_BYTES, dtype=self.torch.uint8, device=self.device)
+        target = self.torch.empty_like(source)
+        return rates(2 * COPY_BYTES / 1e12, self.timed(lambda: target.copy_(source), COPY_CALLS))  # read + write
+
+    def collectives(
+        self, prefix: str, ranks: list[int] | None, group: object, extra: dict[str, Any], retest: bool = False
+    ) -> dict[str, float]:
+        """`prefix`.all_reduce, then `prefix`.broadcast, among `ranks` (group None: the world); ranks None: this rank
+        sits the part out, but joins its barriers. A retest measures the largest size only, RETEST_SAMPLES times.
+        Returns {op: the median at the largest size, "op best": the best sample there}."""
+        sizes, count = (self.sizes[-1:], RETEST_SAMPLES) if retest else (self.sizes, SAMPLES)
+        largest = {}
+        for op in ("all_reduce", "broadcast"):
+            # Every node measures the same part at the same time: each sees the network as loaded as the others do.
+            self.record.enter(f"{prefix}.{op}", list(range(self.dist.get_world_size())), stage="barrier")
+            self.dist.barrier()
+            if ranks is None:
+                continue
+            self.record.enter(f"{prefix}.{op}", ranks)
+            median, best = {}, {}
+            for size in sizes:  # ascending: the samples kept are the largest size's
+                median[str(size)], best[str(size)], samples = self.bus_bandwidth(op, size, ranks, group, count)
+            largest[op], largest[f"{op} best"] = median[str(sizes[-1])], best[str(sizes[-1])]
+            result = {"ranks": ranks, "busbw_gb_s": median, "busbw_gb_s_best": best, "busbw_gb_s_samples": samples}
+            self.record.done({**extra, **result})
+        return largest
+
+    def bus_bandwidth(self, op: str, size: int, ranks: list[int], group: object, count: int) -> Rates:
+        dist = self.dist
+        tensor = self.torch.zeros(size // 4, dtype=self.torch.float32, device=self.device)
+        if op == "all_reduce":
+            samples = self.timed(lambda: dist.all_reduce(tensor, group=group), CALLS, count)
+        else:
+            samples = self.timed(lambda: dist.broadcast(tensor, src=ranks[0], group=group), CALLS, count)
+        return rates(size * bus_factor(op, len(ranks)) / 1e9, samples)
+
+    def new_groups(self, part: str, groups: list[list[int]], desc: str) -> object | None:
+        """This rank's group among `groups`: every rank creates all of them, in one order, as torch asks (gloo's
+        groups deadlock when members create overlapping ones in different orders). A rank waits only for the members
+        of its own group; creating another is bookkeeping (NCCL connects at the first collective)."""
+        own = next((ranks for ranks in groups if self.rank in ranks), None)
+        self.record.enter(part, own, stage="group")
+        made = [self.dist.new_group(ranks, group_desc=desc) for ranks in groups]
+        return made[groups.index(own)] if own else None
+
+    def pair_figures(self, measured: dict[Pair, dict[str, float]]) -> dict[str, dict[Pair, float]]:
+        """{op, or "op best": {pair of nodes: figure}} of the whole job from each rank's own pairs: a pair's figure is
+        its slowest member's. A capped link shows in its best samples even when noise drags the others' medians."""
+        gathered: list[Any] = [None] * self.dist.get_world_size()
+        self.dist.all_gather_object(gathered, measured)
+        figures: dict[str, dict[Pair, float]] = {}
+        for pairs in gathered:
+            for pair, ops in pairs.items():
+                for op, figure in ops.items():
+                    figures.setdefault(op, {})[pair] = min(figure, figures.get(op, {}).get(pair, figure))
+        return figures
+
+    def retests(self, nodes: list[list[int]], hosts: list[str], mine: int, measured: dict) -> None:
+        """The retests of the suspects (retest_plan), as every rank plans them from the job's pair figures."""
+        figures = self.pair_figures(measured)
+        plan = retest_plan({op: best_pairs(pairs) for op, pairs in figures.items()})
+        pairs = sorted({pair for step in plan for _, _, pair in step})
+        if pairs:
+            self.record.enter("retest.0.all_reduce", None, stage="group")
+        # Every rank creates every group, in one order.
+        groups = {pair: self.dist.new_group(pair_ranks(nodes, *pair), group_desc="health retest") for pair in pairs}
+        name = [hosts[ranks[0]] for ranks in nodes]
+        for index, step in enumerate(plan):
+            own = next((m for m in step if mine in m[2]), None)
+            if own is None:
+                self.collectives(f"retest.{index}", None, None, {})
+                continue
+            suspect, role, (a, b) = own
+            extra = {"suspect": name[suspect], "role": role, "pair": [name[a], name[b]]}
+            self.collectives(f"retest.{index}", pair_ranks(nodes, a, b), groups[a, b], extra, retest=True)
+
+    def run(self) -> None:
+        hosts = self.start()
+        self.record.enter("gpu", [self.rank])
+        self.gpu()
+        nodes = node_ranks(hosts)
+        mine = next(index for index, ranks in enumerate(nodes) if self.rank in ranks)
+        # Every rank goes through the same parts, in the same order (their barriers are the whole job's).
+        node_groups = [ranks for ranks in nodes if len(ranks) > 1]
+        if node_groups:
+            group = self.new_groups("node.all_reduce", node_groups, "health node")
+            self.collectives("node", nodes[mine] if group else None, group, {})
+        measured = {}
+        for round_, partner in pair_rounds(len(nodes), mine):
+            pairs = [pair_ranks(nodes, a, b) for a, b in round_pairs(len(nodes), round_)]
+            group = self.new_groups(f"pair.{round_}.all_reduce", pairs, f"health pair round {round_}")
+            ranks = pair_ranks(nodes, mine, partner) if partner is not None else None
+            extra = {"partner": hosts[nodes[partner][0]]} if ranks else {}
+            figures = self.collectives(f"pair.{round_}", ranks, group, extra)
+            if partner is not None:
+                measured[ordered(mine, partner)] = figures
+        if len(nodes) > 2:
+            self.retests(nodes, hosts, mine, measured)
+        if len(nodes) > 1:
+            self.collectives("job", list(range(len(hosts))), None, {})
+        self.dist.destroy_process_group()
+        self.record.finish()
+
+
+def main() -> int:
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    identity = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid()}
+    record = Record(Path(os.environ["RUN_DIR"]) / "health" / f"rank-{rank}.json", identity)
+    record.enter("start", stage="importing torch")
+    check = Check(record, rank, local_rank)
+    try:
+        check.run()
+    except RuntimeError as error:  # torch's own: CUDA, NCCL and gloo errors, out of memory
+        record.fail(error)
+        print(f"health.py: rank {rank}: {record.data['part']} failed: {record.data['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The commands a launch runs and the environment every rank inherits, from its launch plan.
+
+The launch is one srun step that runs `srun.sh --rank-exec COMMAND` in every rank, its geometry spelled out so that
+nothing inherited from the allocation or an enclosing step (-n1, --ntasks-per-node=1, --cpus-per-task, cyclic
+placement) changes where the ranks go; with --local, torchrun on this host.
+"""
+
+from __future__ import annotations
+
+import os
+
+from launcher.host.plan import LaunchPlan
+from launcher.shell_quote import q
+
+# The rank environment that --dry-run shows, in this order.
+SHOWN = (
+    *("NCCL_DEBUG", "OMP_NUM_THREADS", "NCCL_GIN_TYPE", "DEEP_EP_BACKEND", "MASTER_ADDR", "MASTER_PORT", "RUN_ID"),
+    *("RUN_DIR", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NSYS", "SRUN_SH_NSYS"),
+)
+# srun.sh's own variables for the ranks, never inherited from the launching host.
+OWN = ("SRUN_SH_IMAGE", "SRUN_SH_JOB_NAME", "SRUN_SH_MOUNT", "SRUN_SH_UNDER_NSYS", "RANK", "LOCAL_RANK")
+
+
+def rank_environment(plan: LaunchPlan) -> dict[str, str]:
+    """What srun.sh sets for every rank (srun.sh itself exports the network's defaults); a value the user set wins
+    where the user may set it."""
+    env = {
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": plan.master_port,
+        "WORLD_SIZE": str(plan.world_size),
+        "LOCAL_WORLD_SIZE": str(plan.ranks_per_node),
+        "RUN_ID": plan.run_id,
+        "NSYS": plan.nsys_path,
+        "RUN_DIR": plan.rank_run_dir,
+        "SRUN_SH_NSYS": str(int(plan.nsys)),
+        "SRUN_SH_INPROCESS": str(int(plan.inprocess)),
+    }
+    if plan.container:
+        env["SRUN_SH_IMAGE"] = plan.image  # named in entrypoint.py's error when the image lacks the stack
+        env["SRUN_SH_MOUNT"] = plan.container_mounts  # named in the data checks' error for a path outside it
+    if os.environ.get("SLURM_JOB_NAME"):
+        env["SRUN_SH_JOB_NAME"] = os.environ["SLURM_JOB_NAME"]  # launch.json's: the step gets its own name
+    if plan.inprocess:
+        env["TORCH_CPP_LOG_LEVEL"] = os.environ.get("TORCH_CPP_LOG_LEVEL") or "error"  # NVRx's store polls warn
+    return env
+
+
+def export_rank_environment(plan: LaunchPlan) -> None:
+    for name in OWN:
+        os.environ.pop(name, None)
+    os.environ.update(rank_environment(plan))
+
+
+def rank_command(plan: LaunchPlan, health: bool = False) -> list[str]:
+    """What every rank runs: entrypoint.py with the recipe and the overrides, or the health check."""
+    if health or plan.health_only:
+        return [plan.python, f"{plan.code_dir}/{plan.health_program}"]
+    return [plan.python, f"{plan.code_dir}/entrypoint.py", plan.recipe_arg, *plan.overrides]
+
+
+def launch_command(plan: LaunchPlan, program: list[str]) -> list[str]:
+    """The srun step (or torchrun) that runs PROGRAM in every rank, through srun.sh --rank-exec."""
+    rank = [f"{plan.code_dir}/srun.sh", "--rank-exec", *program]
+    if plan.local:
+        return [
+            *(plan.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={plan.ranks_per_node}"),
+            *(f"--master-addr={plan.master_addr}", f"--master-port={plan.master_port}", "--no-python", *rank),
+        ]
+    command = [
+        *("srun", f"--nodes={len(plan.hosts)}", f"--ntasks={plan.world_size}"),
+        f"--ntasks-per-node={plan.ranks_per_node}",
+    ]
+    if plan.cpus_per_rank:
+        command.append(f"--cpus-per-task={plan.cpus_per_rank}")
+    command += [
+        *("--distribution=block", "--mpi=none", f"--kill-on-bad-exit={int(not plan.inprocess)}"),
+        f"--job-name={plan.step_name}",
+    ]
+    if os.environ.get("SLURM_STEP_ID"):  # started from inside a job step (srun --pty bash): share its resources
+        command.append("--overlap")
+    if plan.container:
+        command += [
+            f"--container-image={plan.image}",
+            f"--container-mounts={plan.container_mounts}",
+            f"--container-workdir={plan.task_workdir}",
+        ]
+        if plan.container_name:
+            command.append(f"--container-name={plan.container_name}")
+    return [*command, *plan.srun_extra_args, *rank]
+
+
+def one_line(command: list[str]) -> str:
+    """A command as one copy-pasteable line."""
+    return " ".join(q(word) for word in command)
+
+
+def dry_run_text(plan: LaunchPlan) -> str:
+    lines = ["# srun.sh --dry-run: nothing was started. Each command below is one line you can paste into a shell."]
+    if not plan.local and not os.environ.get("SLURM_JOB_ID"):
+        lines.append("# Not inside an allocation: job id JOBID and the first node NODE1 are placeholders.")
+    if plan.env_knobs:
+        lines.append(f"# knobs from the environment: {plan.env_knobs}")
+    lines.append("# Environment srun.sh exports (every rank inherits it):")
+    lines += [f"export {name}={q(os.environ.get(name, ''))}" for name in SHOWN]
+    if plan.health and not plan.health_only:
+        lines.append("# Health check, run first (SRUNSH_HEALTH=1):")
+        lines.append(one_line(launch_command(plan, rank_command(plan, health=True))))
+    lines.append("# Launch command:")
+    lines.append(one_line(launch_command(plan, rank_command(plan))))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,179 @@
+"""How pyxis starts this launch's container steps, and the container a launch of several of them shares.
+
+`plan_start` gives the name of the container this launch's steps share (empty: none), and one line for the launch
+header that says which start path the launch takes; `remove` takes the shared one off every node. pyxis's settings
+come from its line in the cluster's plugstack configuration (`scontrol show config` names the file; `include` lines
+are followed).
+
+pyxis's default unpacks the image into an unnamed container on every node at every step, and removes it when the step
+ends. A launch of more than one container step (the health check, then training) pays that once per step; with a
+container named for this launch alone (its run, its image file's identity, and the launch itself), the first step
+unpacks the image and the later ones start from it. With `use_squashfuse=1` unnamed steps start from the squash
+file without an unpack, so nothing is named then. A name of the user's own (SRUNSH_CONTAINER_NAME) is left as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher.host.plan import LaunchPlan
+
+PYXIS_PLUGIN = "spank_pyxis.so"
+TRUE = ("1", "true", "yes", "y")  # what pyxis's parse_bool takes as true
+# What the unpack cost and what squashfuse saves, from bench/results/container-start.md (its image, on its nodes).
+MEASURED = (
+    "bench/results/container-start.md: a 6.3 GB image of 80,463 files took 38-173 s a node to unpack at each step,"
+    " 0.6 s to start from squashfuse"
+)
+
+
+@dataclasses.dataclass
+class Pyxis:
+    """pyxis's line of the plugstack configuration; `file` is None when it could not be read."""
+
+    file: str | None
+    found: bool = False
+    options: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def squashfuse(self) -> bool:
+        return self.options.get("use_squashfuse", "") in TRUE
+
+
+def plugstack_file() -> str | None:
+    """PlugStackConfig as `scontrol show config` names it; None without an answer."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "PlugStackConfig":
+            return value.strip()
+    return None
+
+
+def plugstack_lines(path: Path, depth: int = 0) -> list[list[str]]:
+    """The words of every plugin line of `path` and of the files its `include` lines name (globs, as SLURM reads
+    them; a relative one from the including file's folder). Raises OSError when `path` cannot be read."""
+    lines = []
+    for raw in path.read_text().splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        if words[0] == "include" and len(words) > 1 and depth < 8:
+            pattern = os.path.join(path.parent, words[1])
+            for included in sorted(glob.glob(pattern)):
+                lines += plugstack_lines(Path(included), depth + 1)
+        else:
+            lines.append(words)
+    return lines
+
+
+def read_pyxis(file: str | None) -> Pyxis:
+    if file is None:
+        return Pyxis(file=None)
+    try:
+        lines = plugstack_lines(Path(file))
+    except OSError:
+        return Pyxis(file=None)
+    for words in lines:
+        if len(words) >= 2 and words[0] in ("required", "optional") and Path(words[1]).name == PYXIS_PLUGIN:
+            options = dict(word.partition("=")[::2] for word in words[2:])
+            return Pyxis(file=file, found=True, options=options)
+    return Pyxis(file=file)
+
+
+def image_identity(image: Path) -> str:
+    """The image file as the file system knows it: a changed or replaced file has another identity."""
+    info = image.stat()
+    return f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+
+
+def launch_container_name(run_id: str, image: Path, launch: str) -> str:
+    """A name no other launch, run or image gives: the run id, and a digest of the image's identity and `launch`
+    (what tells this launch from another of the same run: a requeue, a resume)."""
+    digest = hashlib.sha256(f"{image_identity(image)}|{launch}".encode()).hexdigest()[:12]
+    return f"srunsh-{run_id}-{digest}"
+
+
+def gigabytes(image: Path) -> str:
+    return f"{image.stat().st_size / 1e9:.1f} GB"
+
+
+def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: str) -> str:
+    """One line for the launch header: how pyxis starts this launch's steps, and for an unpack what a site can set."""
+    where = pyxis.file or "the plugstack configuration"
+    if user_name:
+        return (
+            f"container start: named container {user_name} (SRUNSH_CONTAINER_NAME): a node's first launch unpacks"
+            f" {image} ({gigabytes(image)}) into it, later ones reuse it as they find it; it stays on the nodes"
+        )
+    if pyxis.squashfuse:
+        return f"container start: from the squash file, no unpack (use_squashfuse=1 in {where})"
+    if pyxis.file is None:
+        how = "pyxis's settings unread (no PlugStackConfig from scontrol, or it is unreadable here): if its default,"
+    elif not pyxis.found:
+        how = f"no pyxis line in {where} seen from this host: if pyxis's default,"
+    else:
+        how = f"pyxis's default ({where} has no use_squashfuse=1):"
+    steps_part = f"unpacks {image} ({gigabytes(image)}) on every node"
+    if shared:
+        steps_part += f" once, into {shared}, which the {steps} steps share and which is removed when the launch ends"
+    else:
+        steps_part += " at every step"
+    return f"container start: {how} {steps_part}; use_squashfuse=1 in pyxis's plugstack line skips it ({MEASURED})"
+
+
+def plan_start(plan: LaunchPlan, name: str) -> tuple[str, str]:
+    """The container this launch's steps share (empty: none), and the header's line on how its steps start; a shared
+    one becomes the steps' --container-name."""
+    if not plan.container or plan.local:
+        return "", ""
+    steps = 2 if plan.health and not plan.health_only else 1
+    pyxis = read_pyxis(plugstack_file())
+    image = Path(plan.image)
+    shared = ""
+    if steps > 1 and not name and not pyxis.squashfuse:
+        launch = f"{os.environ.get('SLURM_JOB_ID', '')}.{os.environ.get('SLURM_RESTART_COUNT') or 0}.{os.getpid()}"
+        shared = launch_container_name(plan.run_id, image, f"{launch}.{time.time():.6f}")
+        plan.container_name = shared
+    return shared, start_note(pyxis, image, steps, name, shared)
+
+
+# pyxis keeps a named container as pyxis_NAME, or pyxis_JOBID_NAME with container_scope=job.
+REMOVE = """for c in "pyxis_$1" "pyxis_$2_$1"; do
+      if enroot list | grep -Fqx -- "$c"; then enroot remove -f -- "$c" >/dev/null && echo "removed $c"; fi
+    done"""
+
+
+def remove(name: str, plan: LaunchPlan, log: str) -> None:
+    """The launch's container off every node: one task a node, outside any container, runs enroot as pyxis does.
+    Removing an unpacked image takes as long as pyxis's own removal of an unnamed one (minutes for 6 GB)."""
+    nodes = str(len(plan.hosts))
+    command = [
+        *("srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap", "--mpi=none"),
+        *(f"--job-name={plan.step_name}-remove", "bash", "-c", REMOVE, "bash", name, os.environ["SLURM_JOB_ID"]),
+    ]
+    with open(log, "ab") as out:
+        try:
+            status = subprocess.run(
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=600, check=False
+            ).returncode
+        except subprocess.TimeoutExpired:
+            status = 124
+    if status:
+        print(
+            f"srun.sh: could not remove container {name} from every node (status {status}, see {log}):"
+            f" remove it there with enroot remove -f pyxis_{name}",
+            file=sys.stderr,
+        )

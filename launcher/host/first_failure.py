@@ -1,0 +1,127 @@
+"""srun.sh's report of a launch that ended badly, on stderr: which rank failed first, on which host, with which status,
+and the end of its log; or the one-line error that every rank found; or what stopped every rank from outside; or,
+when no rank ended, what srun or torchrun said. Ranks that were stopped (SIGINT, SIGTERM, SIGKILL) sort after one that
+failed.
+
+`report(RUN_DIR, LOG_START, LOCAL)` gives the status srun.sh exits with (the first failed rank's; 2 for the error
+every rank found), or None when no rank ended. Each rank leaves its end in
+RUN_DIR/logs/rank-RANK.status as "STATUS EPOCH_SECONDS HOST" (launcher/rank/rank.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.run_files import RankEnd, rank_ends
+
+TASK_EXIT = re.compile(rb": tasks? [0-9,-]+: Exited with exit code [0-9]+$")
+CANCELLED = re.compile(rb"\*\*\* (STEP|JOB) [0-9.]+ ON .* CANCELLED AT")
+CANCELLED_STEP = re.compile(rb".*\*\*\* STEP ([0-9.]+) ON .*")
+LINES_SHOWN = 20
+
+
+def say(text: bytes | str) -> None:
+    sys.stderr.buffer.write(text if isinstance(text, bytes) else os.fsencode(text))
+
+
+def indented(lines: list[bytes]) -> bytes:
+    return b"".join(b"    " + line + b"\n" for line in lines)
+
+
+def lines_of(data: bytes) -> list[bytes]:
+    """DATA's lines, split on newlines only, as the shell's tools split them."""
+    lines = data.split(b"\n")
+    return lines[:-1] if lines[-1] == b"" else lines
+
+
+def log_end(path: Path) -> bytes:
+    """PATH's last lines, indented (as tail -n 20: a last line without its newline stays without one)."""
+    data = path.read_bytes()
+    shown = indented(lines_of(data)[-LINES_SHOWN:])
+    return shown if data.endswith(b"\n") or not data else shown[:-1]
+
+
+def launch_notes(log: Path, start: int, local: bool) -> list[bytes]:
+    """This launch's lines of launcher.log; under SLURM each once, since pyxis and slurmstepd say the same on every
+    node."""
+    try:
+        with log.open("rb") as file:
+            file.seek(start - 1)
+            lines = lines_of(file.read())
+    except OSError:
+        return []
+    return lines if local else list(dict.fromkeys(lines))
+
+
+def report_launcher_notes(notes: list[bytes], log: Path, local: bool) -> None:
+    """No rank ended (none started, or none could record its end): the end of what srun or torchrun said, which holds
+    the cause (a container pyxis could not create, a step SLURM refused, a SRUNSH_PYTHON without torch)."""
+    said = [line for line in notes if not TASK_EXIT.search(line)][-LINES_SHOWN:]
+    if not said:
+        return
+    who = "torchrun" if local else "srun"
+    say(f"srun.sh: the launch failed before any rank started; {who} said ({log}):\n")
+    say(indented(said))
+
+
+def job_state(job: str) -> str:
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "--oneliner", job],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=30,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    found = re.search(r" JobState=([^ ]*)", out)
+    return found.group(1) if found and found.group(1) else "no longer known to SLURM"
+
+
+def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool) -> None:
+    """Every rank that ended was stopped by a signal that srun.sh did not send (scancel, a revoked allocation,
+    preemption, a time limit): say so, with what SLURM said, instead of naming a stopped rank as the failure."""
+    cancelled = [line for line in notes if CANCELLED.search(line)][:5]
+    steps = [found.group(1) for line in cancelled if (found := CANCELLED_STEP.fullmatch(line))]
+    what = f"job step {os.fsdecode(steps[0])}" if steps else "every rank"
+    state = ""
+    if not local:
+        job = os.environ.get("SLURM_JOB_ID", "")
+        state = f"job {job} is {job_state(job)}; "
+    first_stop = f"rank {first.rank} on {first.host} first, with exit status {first.status}"
+    say(
+        f"srun.sh: {what} was stopped from outside srun.sh, no rank failed on its own ({state}every rank ended by a"
+        f" signal, {first_stop}){':' if cancelled else ''}\n"
+    )
+    say(indented(cancelled))
+
+
+def report(run_dir: Path, log_start: int, local: bool) -> int | None:
+    """The report; the status srun.sh exits with, or None when no rank ended."""
+    logs = run_dir / "logs"
+    usage_error = logs / "usage-error"
+    if usage_error.is_file() and usage_error.stat().st_size:
+        say(usage_error.read_bytes())
+        return 2
+    ends = rank_ends(logs)
+    notes = launch_notes(logs / "launcher.log", log_start, local)
+    if not ends:
+        report_launcher_notes(notes, logs / "launcher.log", local)
+        return None
+    first = ends[0]
+    failed = f"srun.sh: rank {first.rank} on {first.host} failed first, with exit status {first.status}"
+    rank_log = logs / f"rank-{first.rank}.log"
+    if first.stopped:
+        report_stopped_from_outside(notes, first, local)
+    elif rank_log.exists():
+        say(f"{failed}; the end of {rank_log}:\n")
+        say(log_end(rank_log))
+    else:
+        say(f"{failed}, before it wrote a log\n")
+    return first.status

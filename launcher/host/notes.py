@@ -1,0 +1,43 @@
+"""The launcher's own account of a launch: what srun or torchrun print goes to RUN_DIR/logs/launcher.log, the console,
+or both, so that the console shows the ranks' output and srun.sh's own report, not the launcher's noise.
+(launcher/host/steps.py runs `pass_on` in a thread of its own on the launch command's stderr).
+
+- LOCAL=1 (torchrun): its log and failure report go to the log only; the ranks' lines (labelled "RANK: ") and
+  srun.sh's reach the console.
+- LOCAL=0 (SLURM): srun's per-task status lines, its cancellation notices and pyxis's (one set a node) go to the log
+  only, since srun.sh reports the first failure, or the cause pyxis or SLURM gave, itself; srun's other lines (a step
+  waiting for resources, an error creating it) reach both; the ranks' lines reach the console.
+
+Each line is passed on as it arrives, whole.
+"""
+
+import re
+from typing import BinaryIO
+
+CONSOLE_LOCAL = re.compile(rb"^([0-9]+|srun\.sh): ")
+LOG_ONLY = re.compile(
+    rb"^(srun: error: [^ ]+: tasks? [0-9,-]+: (Exited with exit code [0-9]+|Terminated|Killed)$"
+    rb"|slurmstepd(-[^:]+)?: "
+    rb"|srun: (launch/slurm: _step_signal: Terminating StepId|Job step aborted|forcing job termination"
+    rb"|Force Terminated|got SIGCONT|error: (pyxis|spank)))"
+)
+SRUN = re.compile(rb"^srun: ")
+
+
+def destinations(line: bytes, local: bool) -> tuple[bool, bool]:
+    """Whether LINE (without its newline) goes to the console, and whether to the log."""
+    if local:
+        console = CONSOLE_LOCAL.match(line) is not None
+        return console, not console
+    if LOG_ONLY.match(line):
+        return False, True
+    return True, SRUN.match(line) is not None
+
+
+def pass_on(source: BinaryIO, console: BinaryIO, log: BinaryIO, local: bool) -> None:
+    for line in iter(source.readline, b""):
+        to_console, to_log = destinations(line.rstrip(b"\n"), local)
+        for wanted, sink in ((to_log, log), (to_console, console)):
+            if wanted:
+                sink.write(line)
+                sink.flush()

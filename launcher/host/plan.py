@@ -1,0 +1,79 @@
+"""The launch plan: every fact of one launch that the launching host settled before anything started, typed. The
+supervisor and the commands it builds read it; it is written once, as RUN_DIR/launch-plan.json (launcher/run_files.py),
+the record of what the host decided."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+
+@dataclasses.dataclass
+class LaunchPlan:
+    # srun.sh's options
+    local: bool = False
+    container: bool = True
+    nsys: bool = False
+    dry_run: bool = False
+    health_only: bool = False
+    batch_job: bool = False
+    # the knobs and the checks' results
+    health: bool = False  # the health check runs first
+    health_timeout_s: str = "60"
+    hang_timeout_s: str = ""
+    ranks_per_node: int = 8
+    cpus_per_rank: str = ""
+    image: str = ""
+    container_mounts: str = ""
+    container_name: str = ""
+    code_dir: str = ""  # this checkout, as the ranks see it
+    recipe_arg: str = ""  # the recipe, as the ranks see it
+    run_root: str = ""  # RUN_DIR's parent, as this host sees it
+    run_root_in: str = ""  # as the ranks see it
+    task_workdir: str = ""
+    python: str = "python3"
+    nsys_path: str = "nsys"
+    srun_extra_args: list[str] = dataclasses.field(default_factory=list)
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    health_program: str = "launcher/health.py"
+    env_knobs: str = ""  # the knobs the environment set, NAME=VALUE, for the launch's first line
+    env_ignored: str = ""  # the knobs' old names the environment set, which srun.sh does not read
+    # the job
+    run_id: str = ""
+    hosts: list[str] = dataclasses.field(default_factory=list)
+    master_addr: str = ""
+    master_port: str = ""
+    inprocess: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts) * self.ranks_per_node
+
+    @property
+    def run_dir(self) -> str:
+        """RUN_DIR as this host sees it."""
+        return f"{self.run_root}/{self.run_id}"
+
+    @property
+    def rank_run_dir(self) -> str:
+        """RUN_DIR as the ranks see it."""
+        return f"{self.run_root_in}/{self.run_id}"
+
+    @property
+    def step_name(self) -> str:
+        """The name of the launch's srun steps, by which its supervision finds them."""
+        return f"srunsh-{self.run_id}"
+
+
+def write(plan: LaunchPlan, path: str) -> None:
+    """PATH holds PLAN, written whole or not at all (write, then rename), readable by the user only."""
+    temporary = f"{path}.{os.getpid()}"
+    old = os.umask(0o077)
+    try:
+        with open(temporary, "w") as file:
+            json.dump(dataclasses.asdict(plan), file, indent=1)
+            file.write("\n")
+    finally:
+        os.umask(old)
+    os.replace(temporary, path)

@@ -1,0 +1,443 @@
+"""srun.sh's checks on the launching host, before anything starts: the knobs the environment set, the arguments, the
+recipe, the allocation (GPUs, CPUs, a homogeneous job), the container image and mounts. The first problem found raises
+BadInputError, whose message names it and its fix; otherwise `preflight` gives the paths and counts the launch needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import shutil
+from pathlib import Path
+
+from launcher.assignments import NotAssignmentError, assignment
+from launcher.shell_quote import q
+
+REPO = Path(__file__).resolve().parents[2]
+HEALTH_RECIPE = REPO / "launcher" / "health.py"
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+POSITIVE = re.compile(r"[1-9][0-9]*")
+OPTIONS = ("--nsys", "--dry-run", "--no-container", "--local", "--health", "-h", "--help", "--sbatch")
+
+
+class BadInputError(Exception):
+    """Bad input: the message names the problem and the fix."""
+
+
+def knob_names() -> list[str]:
+    """The knobs, as srun.sh's Knobs section defines them."""
+    text = (REPO / "srun.sh").read_text()
+    section = text.split("# ---- Knobs", 1)[1].split("# ---- End of knobs", 1)[0]
+    return re.findall(r"^([A-Z][A-Z0-9_]*)=", section, re.M)
+
+
+@dataclasses.dataclass
+class Launch:
+    """srun.sh's options, and the words after them: RECIPE.py and its overrides."""
+
+    words: list[str]
+    local: bool
+    container: bool
+    nsys: bool
+    dry_run: bool
+    health: bool
+    submitting: bool
+    batch_job: bool
+    sbatch_args: list[str]
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the checks found: the launch's counts and paths."""
+
+    gpus_per_node: str = ""
+    cpus_per_rank: str = ""
+    image: str = ""
+    container_mounts: str = ""
+    code_dir: str = ""
+    recipe_arg: str = ""
+    run_root: str = ""
+    run_root_in: str = ""
+    task_workdir: str = ""
+    env_knobs: str = ""
+    env_ignored: str = ""
+
+
+@dataclasses.dataclass
+class Mount:
+    src: str
+    dst: str
+    flags: str
+
+    @property
+    def holds_paths(self) -> bool:
+        return self.src not in ("tmpfs", "umount")
+
+
+def environment_knobs(knobs: list[str], plan: Plan) -> None:
+    """The knobs the environment set, for the launch's first line (a knob inherited from the host steers every launch
+    from it). A name with srun.sh's prefix that is no knob is a typo, refused; a knob's name from before it had the
+    prefix is not read, and the launch says so, with the new name."""
+    given, ignored = [], []
+    for name in sorted(os.environ):
+        if name in knobs:
+            given.append(name)
+        elif name.startswith("SRUNSH_"):
+            raise BadInputError(
+                f"{name}, set in the environment, is no knob of srun.sh: unset it or fix its name (./srun.sh --help)"
+            )
+        elif f"SRUNSH_{name}" in knobs:
+            ignored.append(f"{name} (now SRUNSH_{name})")
+    plan.env_knobs = " ".join(f"{name}={q(os.environ[name])}" for name in given)
+    plan.env_ignored = " ".join(ignored)
+
+
+def check_arguments(args: Launch) -> str:
+    """The recipe (launcher/health.py for --health) after the shape of every argument is checked."""
+    words = args.words
+    if args.health:
+        if words:
+            raise BadInputError(
+                f"--health runs the health check alone, so {q(words[0])} has no place here:"
+                " drop it, or check before a launch with SRUNSH_HEALTH=1 ./srun.sh RECIPE.py"
+            )
+        if args.nsys:
+            raise BadInputError("--nsys profiles training, and --health trains nothing: drop one of them")
+        return str(HEALTH_RECIPE)
+    if not words:
+        raise BadInputError("no recipe given: usage is ./srun.sh [options] RECIPE.py [NAME=VALUE ...]")
+    recipe, overrides = words[0], words[1:]
+    for arg in overrides:
+        if arg in OPTIONS:
+            raise BadInputError(
+                f"option {arg} comes after the recipe: put it first, as in ./srun.sh {arg} {q(recipe)} ..."
+            )
+        try:  # every rank would refuse any other shape, after its imports
+            assignment(arg)
+        except NotAssignmentError as error:
+            raise BadInputError(str(error)) from None
+    return recipe
+
+
+def check_batch_knobs(knob: dict[str, str], local: bool) -> None:
+    if local:
+        raise BadInputError("--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch")
+    if not POSITIVE.fullmatch(knob["SRUNSH_SAVE_LEAD_S"]):
+        raise BadInputError(
+            f"SRUNSH_SAVE_LEAD_S={q(knob['SRUNSH_SAVE_LEAD_S'])} is not a number of seconds:"
+            " e.g. SRUNSH_SAVE_LEAD_S=300"
+        )
+    if not re.fullmatch(r"[0-9]+", knob["SRUNSH_MAX_RETRIES"]):
+        raise BadInputError(
+            f"SRUNSH_MAX_RETRIES={q(knob['SRUNSH_MAX_RETRIES'])} is not a count: e.g. SRUNSH_MAX_RETRIES=2"
+        )
+
+
+def visible_gpus() -> int:
+    """GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return sum(1 for device in fields(os.environ["CUDA_VISIBLE_DEVICES"], ",") if device)
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def local_gpus(gpus: str) -> str:
+    visible = visible_gpus()
+    if visible == 0 and not gpus:
+        raise BadInputError(
+            "--local found no GPU (CUDA_VISIBLE_DEVICES, /dev/nvidia*):"
+            " run it on a GPU host or set CUDA_VISIBLE_DEVICES"
+        )
+    gpus = gpus or str(visible)
+    if POSITIVE.fullmatch(gpus) and int(gpus) > visible:
+        raise BadInputError(
+            f"SRUNSH_GPUS_PER_NODE={gpus} but this host shows {visible} GPU(s):"
+            " lower SRUNSH_GPUS_PER_NODE or widen CUDA_VISIBLE_DEVICES"
+        )
+    return gpus
+
+
+def min_cpus_per_node(cpus_per_node: str) -> int | None:
+    """The fewest CPUs any node of the job has, from SLURM_JOB_CPUS_PER_NODE ("96(x2),48")."""
+    counts = [int(entry.split("(", 1)[0]) for entry in cpus_per_node.split(",") if entry]
+    return min(counts) if counts else None
+
+
+def slurm_allocation(gpus: str, dry_run: bool, plan: Plan) -> str:
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job:
+        if not dry_run:
+            raise BadInputError("not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run")
+        return gpus or "8"
+    if os.environ.get("SLURM_HET_SIZE"):
+        raise BadInputError(
+            f"job {job} is heterogeneous ({os.environ['SLURM_HET_SIZE']} components), which srun.sh cannot place ranks"
+            " in: allocate one set of identical nodes"
+        )
+    allocated = (os.environ.get("SLURM_GPUS_PER_NODE") or os.environ.get("SLURM_GPUS_ON_NODE") or "").split(":")[-1]
+    gpus = gpus or allocated or "8"  # "4" or "h100:4"
+    if not POSITIVE.fullmatch(gpus):
+        return gpus  # refused by check_knobs
+    if allocated and int(gpus) > int(allocated):
+        raise BadInputError(
+            f"SRUNSH_GPUS_PER_NODE={gpus} but job {job} has {allocated} GPU(s) a node:"
+            f" set SRUNSH_GPUS_PER_NODE={allocated} or allocate more (salloc --gpus-per-node={gpus})"
+        )
+    cpus = min_cpus_per_node(os.environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    if cpus is not None and cpus < int(gpus):
+        raise BadInputError(
+            f"job {job} has {cpus} CPU(s) on a node for {gpus} ranks a node:"
+            f" allocate whole nodes (salloc --exclusive) or at least --ntasks-per-node={gpus}"
+        )
+    plan.cpus_per_rank = "" if cpus is None else str(cpus // int(gpus))
+    if shutil.which("srun") is None and not dry_run:
+        raise BadInputError("srun is not found on this host: run srun.sh where SLURM's client commands are")
+    return gpus
+
+
+def check_knobs(knob: dict[str, str], gpus: str) -> None:
+    if not POSITIVE.fullmatch(gpus):
+        raise BadInputError(
+            f"SRUNSH_GPUS_PER_NODE={q(gpus)} is not a positive integer: set it to the GPUs per node,"
+            " e.g. SRUNSH_GPUS_PER_NODE=8"
+        )
+    port = knob["MASTER_PORT"]
+    if port and not (POSITIVE.fullmatch(port) and int(port) <= 65535):
+        raise BadInputError(f"MASTER_PORT={q(port)} is not a port number: set 1-65535 or leave it unset")
+    name = knob["SRUNSH_CONTAINER_NAME"]
+    if name and not NAME.fullmatch(name):
+        raise BadInputError(
+            f"SRUNSH_CONTAINER_NAME={q(name)} is not a container name:"
+            " use letters, digits, '.', '_' and '-', or leave it unset for an unnamed container"
+        )
+    run_id = knob["SRUNSH_RUN_ID"]
+    if run_id and not NAME.fullmatch(run_id):
+        raise BadInputError(
+            f"SRUNSH_RUN_ID={q(run_id)} is not a run name: use letters, digits, '.', '_' and '-', as in"
+            " 4242-20261130-101500"
+        )
+    if knob["SRUNSH_HEALTH"] not in ("0", "1"):
+        raise BadInputError(
+            f"SRUNSH_HEALTH={q(knob['SRUNSH_HEALTH'])} is not 0 or 1:"
+            " SRUNSH_HEALTH=1 runs the health check before the launch"
+        )
+    if not POSITIVE.fullmatch(knob["SRUNSH_HEALTH_TIMEOUT_S"]):
+        raise BadInputError(
+            f"SRUNSH_HEALTH_TIMEOUT_S={q(knob['SRUNSH_HEALTH_TIMEOUT_S'])} is not a positive number of seconds:"
+            " e.g. SRUNSH_HEALTH_TIMEOUT_S=60"
+        )
+    hang = knob["SRUNSH_HANG_TIMEOUT_S"]
+    if hang not in ("", "off") and not POSITIVE.fullmatch(hang):
+        raise BadInputError(
+            f"SRUNSH_HANG_TIMEOUT_S={q(hang)} is not a positive number of seconds:"
+            " e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default"
+        )
+
+
+def fields(text: str, separator: str) -> list[str]:
+    """TEXT's fields as bash's read splits its first line (IFS=SEPARATOR): a separator at the end ends a field."""
+    line = text.split("\n", 1)[0]
+    return line.removesuffix(separator).split(separator) if line else []
+
+
+def split_mount(entry: str) -> tuple[str, str, str, bool]:
+    """An SRUNSH_MOUNT entry's SRC, DST and FLAGS, and whether more fields follow, as bash's read splits it (IFS=:):
+    a ":" that ends the entry ends its last field."""
+    src, dst, flags, rest = [*entry.split(":", 3), "", "", ""][:4]
+    return src, dst, flags, rest not in ("", ":")
+
+
+def parse_mounts(spec: str) -> list[Mount]:
+    """SRUNSH_MOUNT's entries. pyxis takes a source that starts with neither / nor ./ for neither a path nor anything
+    else, and refuses the whole step on every node, so relative sources are made absolute here."""
+    mounts = []
+    for entry in fields(spec, ","):
+        src, dst, flags, more = split_mount(entry)
+        if not src or not dst.startswith("/") or more:
+            raise BadInputError(
+                f"SRUNSH_MOUNT entry {q(entry)} is not SRC:DST[:FLAGS] with an absolute DST:"
+                f" fix SRUNSH_MOUNT, e.g. SRUNSH_MOUNT={q(f'{REPO}:/workspace/megatron')}"
+            )
+        mount = Mount(src, dst, flags)
+        if mount.holds_paths:
+            if not os.path.exists(src):
+                raise BadInputError(
+                    f"SRUNSH_MOUNT source {q(src)} does not exist on this host: create it or drop it from SRUNSH_MOUNT"
+                )
+            mount.src = os.path.abspath(src)
+        mounts.append(mount)
+    return mounts
+
+
+def mount_of(mounts: list[Mount], path: str) -> Mount | None:
+    """The SRUNSH_MOUNT entry whose source holds PATH, the longest such."""
+    best, best_len = None, -1
+    for mount in mounts:
+        if not mount.holds_paths:
+            continue
+        src = os.path.realpath(mount.src)
+        if (path == src or path.startswith(f"{src}/") or src == "/") and len(src) > best_len:
+            best, best_len = mount, len(src)
+    return best
+
+
+def container_path(mounts: list[Mount], path: str) -> str | None:
+    """PATH's name inside the container; None when no SRUNSH_MOUNT entry holds it."""
+    mount = mount_of(mounts, path)
+    if mount is None:
+        return None
+    src = os.path.realpath(mount.src)
+    return mount.dst.rstrip("/") + path if src == "/" else mount.dst + path[len(src) :]
+
+
+def in_container(mounts: list[Mount], what: str, path: str, spec: str) -> str:
+    inside = container_path(mounts, path)
+    if inside is None:
+        raise BadInputError(
+            f"{what} {q(path)} is outside every SRUNSH_MOUNT source, so the ranks cannot see it:"
+            f" add its directory to SRUNSH_MOUNT (now {q(spec)})"
+        )
+    return inside
+
+
+def check_output_mount(mounts: list[Mount], run_root: str) -> None:
+    """The ranks write logs, checkpoints and traces under SRUNSH_OUTPUT_ROOT: its mount must not be read-only (pyxis's
+    flags are joined by '+', as in ro+rprivate)."""
+    mount = mount_of(mounts, run_root)
+    if mount is not None and "ro" in mount.flags.split("+"):
+        raise BadInputError(
+            f"SRUNSH_OUTPUT_ROOT {q(run_root)} is in SRUNSH_MOUNT entry {q(f'{mount.src}:{mount.dst}:{mount.flags}')},"
+            " which the ranks see read-only: drop :ro from it,"
+            " or set SRUNSH_OUTPUT_ROOT to a folder of a writable mount"
+        )
+
+
+def check_image(image: str) -> str:
+    """A squashfs file, named by its absolute path: pyxis takes a name that starts with neither / nor ./ for an image
+    to pull from a registry."""
+    if not os.path.isfile(image):
+        raise BadInputError(
+            f"image SRUNSH_SQSH={q(image)} does not exist: build it with 'make build' or point SRUNSH_SQSH at one"
+        )
+    try:
+        with open(image, "rb") as file:
+            magic = file.read(4).replace(b"\0", b"")
+    except OSError:
+        magic = b""
+    if magic != b"hsqs":
+        raise BadInputError(
+            f"image SRUNSH_SQSH={q(image)} is not a squashfs file:"
+            " build one with 'make build' or point SRUNSH_SQSH at the .sqsh it wrote"
+        )
+    return os.path.abspath(image)
+
+
+def container_paths(knob: dict[str, str], plan: Plan, recipe_abs: str) -> None:
+    """The ranks run this checkout's code, not the copy baked into the image, so recipe and code always match."""
+    plan.image = check_image(knob["SRUNSH_SQSH"])
+    mounts = parse_mounts(knob["SRUNSH_MOUNT"])
+    plan.container_mounts = ",".join(f"{m.src}:{m.dst}" + (f":{m.flags}" if m.flags else "") for m in mounts)
+    spec = knob["SRUNSH_MOUNT"]
+    plan.code_dir = in_container(mounts, "this checkout", str(REPO), spec)
+    plan.recipe_arg = in_container(mounts, "recipe", recipe_abs, spec)
+    plan.run_root_in = in_container(mounts, "SRUNSH_OUTPUT_ROOT", plan.run_root, spec)
+    check_output_mount(mounts, plan.run_root)
+    plan.task_workdir = container_path(mounts, os.getcwd()) or plan.code_dir
+
+
+def host_paths(knob: dict[str, str], plan: Plan, recipe: str, nsys: bool) -> None:
+    python, nsys_path = knob["SRUNSH_PYTHON"], knob["SRUNSH_NSYS"]
+    if shutil.which(python) is None:
+        raise BadInputError(
+            f"SRUNSH_PYTHON={q(python)} is not found on this host: install it or set SRUNSH_PYTHON=/path/to/python"
+        )
+    if nsys and shutil.which(nsys_path) is None:
+        raise BadInputError(
+            f"--nsys needs nsys, but SRUNSH_NSYS={q(nsys_path)} is not found:"
+            " install Nsight Systems or set SRUNSH_NSYS=/path/to/nsys"
+        )
+    plan.code_dir, plan.recipe_arg, plan.run_root_in = str(REPO), recipe, plan.run_root
+
+
+def preflight(args: Launch, knob: dict[str, str]) -> Plan:
+    """Every check, in the order srun.sh has always made them: the first problem found is the one reported."""
+    plan = Plan(image=knob["SRUNSH_SQSH"])
+    environment_knobs(knob_names(), plan)
+    recipe = check_arguments(args)
+    if args.submitting:
+        check_batch_knobs(knob, args.local)
+    if not (os.path.isfile(recipe) and os.access(recipe, os.R_OK)):
+        cwd = os.environ.get("PWD") or os.getcwd()
+        raise BadInputError(f"recipe {q(recipe)} is not a readable file: check the path (relative to {q(cwd)})")
+    gpus = knob["SRUNSH_GPUS_PER_NODE"]
+    if args.submitting:
+        gpus = gpus or "8"  # only for the checks here: the job takes its own from its allocation
+    elif args.local:
+        gpus = local_gpus(gpus)
+    else:
+        gpus = slurm_allocation(gpus, args.dry_run, plan)
+    plan.gpus_per_node = gpus
+    check_knobs(knob, gpus)
+    stem = os.path.basename(recipe).removesuffix(".py") or os.path.basename(recipe)
+    plan.run_root = f"{os.path.realpath(knob['SRUNSH_OUTPUT_ROOT'])}/{stem}"
+    if args.container:
+        container_paths(knob, plan, os.path.realpath(recipe))
+    else:
+        host_paths(knob, plan, recipe, args.nsys)
+    if args.submitting:
+        check_time_limit(args.sbatch_args, knob["SRUNSH_SAVE_LEAD_S"])
+    return plan
+
+
+def default_overrides(args: Launch) -> list[str]:
+    """The overrides srun.sh adds, unless the user set their names (none to the health check, which trains nothing)."""
+    if args.health:
+        return []
+    wanted = []
+    if args.nsys:  # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this on
+        wanted.append("profiling.use_nsys_profiler=true")
+    if args.batch_job:
+        # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default.
+        # Its data loader workers get the same SIGTERM and need the handler too, or their death fails the rank
+        # before it saves.
+        wanted += ["train.exit_signal_handler=true", "train.exit_signal_handler_for_dataloader=true"]
+    given = args.words[1:]
+    return [default for default in wanted if not any(arg.startswith(default.split("=")[0] + "=") for arg in given)]
+
+
+def sbatch_time_limit(sbatch_args: list[str]) -> str:
+    """The time limit among sbatch options (the last one wins, as in sbatch), else $SBATCH_TIMELIMIT."""
+    value, words = os.environ.get("SBATCH_TIMELIMIT", ""), iter(sbatch_args)
+    for word in words:
+        if word in ("-t", "--time"):
+            value = next(words, "")
+        elif word.startswith("--time="):
+            value = word.removeprefix("--time=")
+        elif word.startswith("-t") and len(word) > 2:
+            value = word[2:]
+    return value
+
+
+def time_limit_seconds(limit: str) -> int | None:
+    """Seconds of a SLURM time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None for UNLIMITED or a form that sbatch
+    refuses by itself."""
+    found = re.fullmatch(r"(([0-9]+)-)?([0-9]+)(:([0-9]+))?(:([0-9]+))?", limit)
+    if not found:
+        return None
+    days, first, second, third = (int(found.group(i) or 0) for i in (2, 3, 5, 7))
+    if found.group(1):  # D-H[:M[:S]]
+        return ((days * 24 + first) * 60 + second) * 60 + third
+    if found.group(6):  # H:M:S
+        return (first * 60 + second) * 60 + third
+    return first * 60 + second  # M[:S]
+
+
+def check_time_limit(sbatch_args: list[str], save_lead_s: str) -> None:
+    limit = sbatch_time_limit(sbatch_args)
+    seconds = time_limit_seconds(limit)
+    if seconds is not None and seconds <= int(save_lead_s):
+        raise BadInputError(
+            f"time limit {limit} ({seconds} s) leaves no time before the save SRUNSH_SAVE_LEAD_S={save_lead_s} s"
+            " ahead of it: give a longer --time or a smaller SRUNSH_SAVE_LEAD_S"
+        )

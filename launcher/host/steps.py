@@ -1,0 +1,119 @@
+"""Running one launch command (the srun step, torchrun, or the health check around its step) and stopping its
+ranks.
+
+What srun or torchrun print on stderr goes to RUN_DIR/logs/launcher.log, the console, or both (launcher/host/notes.py),
+through a thread that outlives a stop, so the launch's last words are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import BinaryIO
+
+from launcher.host.notes import pass_on
+
+POLL_S = 0.1
+
+
+def launch_step(job_id: str, step_name: str) -> str:
+    """JOB.STEP of the launch's srun step; empty before it exists."""
+    try:
+        out = subprocess.run(
+            ["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            check=False,
+        ).stdout
+    except OSError:
+        return ""
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[1] == step_name:
+            return words[0]
+    return ""
+
+
+def kill_wait_s() -> int:
+    """The cluster's grace period between SIGTERM and SIGKILL (KillWait); torchrun's 30 s without an answer."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "config"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=False
+        ).stdout
+    except OSError:
+        return 30
+    for line in out.splitlines():
+        words = line.split()
+        if words[:1] == ["KillWait"] and len(words) >= 3:
+            digits = words[2][: len(words[2]) - len(words[2].lstrip("0123456789"))]
+            return int(digits or 0)
+    return 30
+
+
+class Step:
+    """One launch command, run to its end; `stop` sends its ranks SIGTERM."""
+
+    def __init__(self, command: list[str], log: str, local: bool) -> None:
+        self.command, self.log, self.local = command, log, local
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_start = 1
+
+    def run(self, idle: threading.Event | None = None, on_idle=None) -> int:
+        """Runs the command to its end; calls ON_IDLE in this thread when IDLE is set meanwhile."""
+        try:
+            self.log_start = os.stat(self.log).st_size + 1  # this launch's lines of launcher.log start here
+        except OSError:
+            self.log_start = 1
+        old = os.umask(0o077)
+        try:
+            log = open(self.log, "ab")  # closed by the notes thread
+        finally:
+            os.umask(old)
+        # torchrun gets a session of its own, so that a terminal's Ctrl-C reaches the ranks once, as srun.sh's SIGTERM.
+        self.process = subprocess.Popen(self.command, stderr=subprocess.PIPE, start_new_session=self.local)
+        notes = threading.Thread(target=keep_notes, args=(self.process.stderr, log, self.local), daemon=True)
+        notes.start()
+        while self.process.poll() is None:
+            if idle is not None and on_idle is not None and idle.is_set():
+                idle.clear()
+                on_idle()
+            time.sleep(POLL_S)
+        notes.join()
+        return self.status()
+
+    def status(self) -> int:
+        """The command's exit status as the shell gives it (128+N for a signal)."""
+        assert self.process is not None
+        code = self.process.returncode
+        return 128 - code if code < 0 else code
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, job_id: str, step_name: str, to_save: bool = False) -> None:
+        """SIGTERM to every rank, SIGKILL to what is left after the grace period; TO_SAVE: no SIGKILL, the ranks save
+        a checkpoint before the time limit (SLURM kills what is left at the limit)."""
+        step = "" if self.local else launch_step(job_id, step_name)
+        if not step:  # torchrun, or srun before its step exists (it then cancels its request)
+            if self.alive():
+                assert self.process is not None
+                self.process.send_signal(signal.SIGTERM)
+            return
+        subprocess.run(["scancel", "--signal=TERM", step], check=False)
+        if to_save:
+            return
+        deadline = time.monotonic() + kill_wait_s()
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        subprocess.run(["scancel", step], stderr=subprocess.DEVNULL, check=False)
+
+
+def keep_notes(source: BinaryIO, log: BinaryIO, local: bool) -> None:
+    with log:
+        pass_on(source, sys.stderr.buffer, log, local)

@@ -1,0 +1,293 @@
+"""The launch's one process on the launching host: srun.sh hands it the knobs and its arguments, and it checks them,
+settles the launch plan, and runs the launch to its end.
+
+    python3 launcher/host/supervisor.py NAME=VALUE... -- [--sbatch SBATCH_OPTION... -- | --batch-job] [options] ...
+
+It passes SIGINT, SIGTERM and SIGHUP on to every rank as SIGTERM after the hang report, watches for a hang (a
+thread), runs the health check first where asked, reports the rank that failed first, and requeues a batch job.
+Standard library only: the launching host may have no training stack. Every problem it finds in the input is one
+line on stderr, exit 2, before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+if not __package__:  # run as a script (srun.sh): the repository, two folders up, holds the package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from launcher import run_files
+from launcher.hang.watch import watch
+from launcher.health.exclude_nodes import exclude
+from launcher.host import batch, command, container, request
+from launcher.host import plan as plans
+from launcher.host.first_failure import log_end
+from launcher.host.first_failure import report as report_failure
+from launcher.host.job import Job, resolve_job
+from launcher.host.preflight import BadInputError
+from launcher.host.steps import Step, launch_step
+from launcher.restart.plan import PlanError
+from launcher.restart.plan import outcome as inprocess_outcome
+from launcher.restart.plan import plan as inprocess_plan
+
+REPO = Path(__file__).resolve().parents[2]
+HANG_REPORT = REPO / "launcher" / "hang" / "report.py"
+HEALTH_REPORT = REPO / "launcher" / "health" / "report.py"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def say(line: str) -> None:
+    sys.stderr.buffer.write(os.fsencode(line + "\n"))
+    sys.stderr.flush()
+
+
+class Supervisor:
+    """One launch, from its header to its exit status."""
+
+    def __init__(self, plan: plans.LaunchPlan, job: Job, knobs: request.Knobs, limit: batch.TimeLimit | None) -> None:
+        self.plan, self.job, self.knobs, self.limit = plan, job, knobs, limit
+        self.log = run_files.at(plan.run_dir, run_files.LAUNCHER_LOG)
+        self.step: Step | None = None
+        self.stopped_by = ""
+        self.hung = False
+        self.hang_report_due = False
+        self.training_started = False
+        self.shared_container = ""
+        if limit is not None:
+            limit.on_reach = self.on_time_limit
+
+    # ---- signals ---------------------------------------------------------------------------------------------
+    def trap_stop_signals(self) -> None:
+        for number in STOP_SIGNALS:
+            signal.signal(number, self.on_stop_signal)
+
+    def on_stop_signal(self, number: int, _frame: object) -> None:
+        """SIGINT, SIGTERM or SIGHUP: the hang report, then every rank is stopped; srun.sh then exits 128+N."""
+        if self.stopped_by:
+            return
+        self.stopped_by = signal.Signals(number).name.removeprefix("SIG")
+        say(f"srun.sh: got SIG{self.stopped_by}; sending SIGTERM to every rank")
+        self.collect_hang_report(f"srun.sh got SIG{self.stopped_by}")
+        self.stop_ranks()
+
+    def on_time_limit(self) -> None:
+        """A batch job SRUNSH_SAVE_LEAD_S from its time limit: every rank gets SIGTERM, on which Megatron Bridge saves
+        a checkpoint and stops; before training, the health check runs to its verdict and the job then requeues
+        itself untrained."""
+        lead, job_id = self.knobs["SRUNSH_SAVE_LEAD_S"], os.environ.get("SLURM_JOB_ID", "")
+        if not self.training_started:
+            say(
+                f"srun.sh: job {job_id} reaches its time limit in {lead}s before training started:"
+                " it starts no training and requeues itself"
+            )
+            return
+        say(f"srun.sh: job {job_id} reaches its time limit in {lead}s: SIGTERM to every rank to save and stop")
+        self.collect_hang_report(f"the job's time limit is {lead}s away")
+        self.stop_ranks(to_save=True)
+
+    def stop_ranks(self, to_save: bool = False) -> None:
+        if self.step is not None:
+            self.step.stop(os.environ.get("SLURM_JOB_ID", ""), self.plan.step_name, to_save)
+
+    # ---- the hang report -------------------------------------------------------------------------------------
+    def collect_hang_report(self, why: str) -> None:
+        """The hang report, once per launch, before any rank is signalled to stop. WHY says what stopped it."""
+        if not self.hang_report_due:
+            return
+        self.hang_report_due = False
+        target = ["--local"]
+        if not self.plan.local:
+            step = launch_step(os.environ.get("SLURM_JOB_ID", ""), self.plan.step_name)
+            if not step:
+                return  # no step yet: no rank to ask
+            target = ["--step", step]
+        if self.hung:
+            target.append("--stalled")  # the hang watch's: a stall, not a stop of a job that may be progressing
+        batch.run_quietly(
+            ["python3", str(HANG_REPORT), self.plan.run_dir, "--why", why, "--world-size",
+             str(self.plan.world_size), "--nodes", self.job.node_list, "--ranks-per-node",
+             str(self.plan.ranks_per_node), *target]
+        )  # fmt: skip
+
+    def on_stall(self) -> None:
+        """The hang watch found no completed step for too long: the report, then SIGTERM to every rank (exit 124)."""
+        if self.stopped_by or self.hung:
+            return
+        self.hung = True
+        why = Path(run_files.at(self.plan.run_dir, run_files.STALLED)).read_text(errors="surrogateescape").rstrip("\n")
+        self.collect_hang_report(why)
+        self.stop_ranks()
+
+    # ---- the launch ------------------------------------------------------------------------------------------
+    def launch_watched(self, launch: list[str]) -> int:
+        """The launch, watched for a hang; its status."""
+        # An earlier launch's records: the ranks register afresh.
+        run_files.remove_tree(run_files.at(self.plan.run_dir, run_files.HANG))
+        stalled, stop_watch = threading.Event(), threading.Event()
+        if self.plan.hang_timeout_s != "off":
+            fixed = float(self.plan.hang_timeout_s) if self.plan.hang_timeout_s else None
+            threading.Thread(
+                target=watch, args=(Path(self.plan.run_dir), fixed, lambda _why: stalled.set(), stop_watch), daemon=True
+            ).start()
+        self.hang_report_due = True
+        self.step = Step(launch, self.log, self.plan.local)
+        status = self.step.run(stalled, self.on_stall)
+        self.hang_report_due = False
+        stop_watch.set()
+        return status
+
+    def check_health(self, health_launch: list[str]) -> None:
+        """Returns only when every node passed and a launch follows; otherwise exits (a batch job first requeues
+        itself without the nodes that failed)."""
+        plan = self.plan
+        say(
+            f"# srun.sh: health check of {len(plan.hosts)} node(s) x {plan.ranks_per_node} rank(s), each part within"
+            f" {plan.health_timeout_s}s (SRUNSH_HEALTH_TIMEOUT_S)"
+        )
+        result = run_files.at(plan.run_dir, run_files.HEALTH_JSON)
+        run_files.remove(result)
+        report = ["python3", str(HEALTH_REPORT), plan.run_dir, "--timeout", plan.health_timeout_s, "--nodes"]
+        report += [self.job.node_list, "--ranks-per-node", str(plan.ranks_per_node), "--", *health_launch]
+        self.step = Step(report, self.log, plan.local)
+        status = self.step.run()
+        run_files.remove_rank_statuses(plan.run_dir)  # the check's: the launch's own failure report reads these
+        self.exit_if_stopped()
+        if not os.path.isfile(result) or not os.path.getsize(result):
+            say(f"srun.sh: the health check ended before it judged the nodes; the end of {self.log}:")
+            sys.stderr.buffer.write(log_end(Path(self.log)))
+            raise SystemExit(1)
+        if plan.health_only or not status:
+            if plan.health_only:
+                raise SystemExit(status)
+            return
+        if not plan.batch_job:
+            raise SystemExit(status)
+        failed = run_files.read_text(run_files.at(plan.run_dir, run_files.FAILED_NODES)).rstrip("\n")
+        # The requeue's SIGTERM reaches this process: ignored from here on, since nothing is left to stop, and a
+        # stop would spend the cluster's KillWait before the nodes are excluded.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        requeued = self.requeue(status, f"failed the health check{f' on {failed}' if failed else ''}")
+        if requeued:
+            raise SystemExit(requeued)
+        if failed:
+            exclude(os.environ["SLURM_JOB_ID"], failed)
+        raise SystemExit(status)
+
+    def exit_if_stopped(self) -> None:
+        if self.stopped_by:
+            raise SystemExit(128 + signal.Signals[f"SIG{self.stopped_by}"].value)
+
+    @property
+    def time_limit_reached(self) -> bool:
+        return self.limit is not None and self.limit.reached
+
+    def requeue(self, status: int, reason: str = "") -> int:
+        return batch.requeue(
+            status,
+            reason,
+            self.plan,
+            self.knobs,
+            reached=self.time_limit_reached,
+            training_started=self.training_started,
+            stopped_by=self.stopped_by,
+            before_requeue=self.remove_shared_container,
+        )
+
+    def remove_shared_container(self) -> None:
+        name, self.shared_container = self.shared_container, ""
+        if name:
+            container.remove(name, self.plan, self.log)
+
+    def run(self) -> int:
+        plan = self.plan
+        if plan.health:
+            self.check_health(command.launch_command(plan, command.rank_command(plan, health=True)))
+        status = 0
+        # No training once a batch job's time limit is near: from here on its USR1 stops the ranks.
+        self.training_started = not self.time_limit_reached
+        if self.training_started:
+            status = self.launch_watched(command.launch_command(plan, command.rank_command(plan)))
+        self.exit_if_stopped()
+        if self.hung:
+            status = 124  # the hang watch stopped the ranks, and the hang report said why
+        elif status and plan.inprocess and inprocess_outcome(Path(plan.run_dir)) == 0:
+            status = 0  # training completed on the ranks that replaced a failed one
+        elif status:
+            first = report_failure(Path(plan.run_dir), self.step.log_start if self.step else 1, plan.local)
+            status = status if first is None else first
+        if plan.batch_job:
+            hung = f"hung: see {plan.run_dir}/hang-report.txt" if self.hung else ""
+            status = self.requeue(status, hung) or status
+        return status
+
+
+def header(plan: plans.LaunchPlan, job: Job, container_line: str, inprocess_line: str) -> None:
+    request.say_environment_knobs(plan, "# srun.sh: ", sys.stderr.buffer)
+    how = "resuming run" if job.resuming else "new run"
+    say(
+        f"# srun.sh: {len(plan.hosts)} node(s) x {plan.ranks_per_node} rank(s), {how} {plan.run_id} in {plan.run_dir},"
+        f" master {plan.master_addr}:{plan.master_port}; each rank runs:"
+    )
+    say(command.one_line(command.rank_command(plan)))
+    for line in (container_line, inprocess_line):
+        if line:
+            say(f"# srun.sh: {line}")
+
+
+def settle(args: request.Launch, knobs: request.Knobs) -> tuple[plans.LaunchPlan, Job, str]:
+    """The launch plan and the job (its run folder taken, unless it is a dry run); the in-process restart line."""
+    plan = request.checked_plan(args, knobs)
+    job = resolve_job(plan, knobs)
+    plan.run_id, plan.hosts = job.run_id, job.hosts
+    plan.master_addr, plan.master_port = job.master_addr, job.master_port
+    try:
+        restart = inprocess_plan(plan.overrides, len(plan.hosts), plan.ranks_per_node, int(plan.master_port))
+    except PlanError as error:
+        raise BadInputError(str(error)) from None
+    plan.inprocess = restart.enabled
+    return plan, job, restart.header()
+
+
+def launch(args: request.Launch, knobs: request.Knobs, limit: batch.TimeLimit | None = None) -> int:
+    plan, job, inprocess_line = settle(args, knobs)
+    command.export_rank_environment(plan)
+    shared, container_line = container.plan_start(plan, knobs["SRUNSH_CONTAINER_NAME"])
+    if plan.dry_run:
+        sys.stdout.buffer.write(os.fsencode(command.dry_run_text(plan)))
+        sys.stdout.flush()
+        request.say_environment_knobs(plan, "", None)
+        return 0
+    run_files.remove_rank_statuses(plan.run_dir)
+    run_files.remove(run_files.at(plan.run_dir, run_files.USAGE_ERROR))
+    plans.write(plan, run_files.at(plan.run_dir, run_files.LAUNCH_PLAN))
+    header(plan, job, container_line, inprocess_line)
+    supervisor = Supervisor(plan, job, knobs, limit)
+    supervisor.shared_container = shared
+    supervisor.trap_stop_signals()
+    try:
+        return supervisor.run()
+    finally:
+        supervisor.remove_shared_container()
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as bash: a Ctrl-C before the launch ends this process quietly
+    knobs, words = request.split_argv(argv)
+    limit = None
+    try:
+        if words[:1] == ["--sbatch"]:
+            return batch.submit(words[1:], knobs)
+        if words[:1] == ["--batch-job"]:
+            words, limit = words[1:], batch.trap_time_limit(knobs)
+        return launch(request.parse_options(words, batch_job=limit is not None), knobs, limit)
+    except BadInputError as error:
+        sys.stderr.buffer.write(os.fsencode(f"srun.sh: {error}\n"))
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""What a rank does before its program starts (rank.sh), and installs before pretrain()."""

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# One rank: `srun.sh --rank-exec COMMAND...` runs this once per rank, started by srun in every task (or by torchrun
+# with --local). It gives the rank its torch.distributed identity, checks that the rank has a GPU, keeps its output in
+# RUN_DIR/logs/rank-RANK.log beside the console's lines labelled "RANK: ", and records how it ended in
+# RUN_DIR/logs/rank-RANK.status ("STATUS EPOCH_SECONDS HOST") for the launch's failure report. The log's writers are
+# processes of their own: they outlive a SIGTERM or a crash of the rank, so its last words are kept.
+set -euo pipefail
+
+die() {
+  printf 'srun.sh: %s\n' "$*" >&2
+  exit 2
+}
+
+q() {
+  printf '%q' "$1"
+}
+
+# A rank that cannot start says why in one line, in its log and once for the whole job (the first rank to get there
+# leaves it for srun.sh's report, as entrypoint.py does with a config error: eight ranks a node would repeat it), and
+# leaves its status for the report.
+rank_fails() {
+  local line="srun.sh: $*"
+  (umask 077 && printf '%s\n' "$line" >>"$RANK_LOG")
+  (set -o noclobber && umask 077 && printf '%s\n' "$line" >"$RUN_DIR/logs/usage-error") 2>/dev/null || true
+  record_rank_status 2
+  exit 2
+}
+
+record_rank_status() {
+  (umask 077 && printf '%s %s %s\n' "$1" "$(date +%s.%N)" "$(uname -n)" >"$RUN_DIR/logs/rank-$RANK.status")
+}
+
+# GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files.
+visible_gpus() {
+  if [[ -v CUDA_VISIBLE_DEVICES ]]; then
+    local -a ids
+    IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
+    printf '%s\n' "${ids[@]}" | grep -c . || true # the non-empty ids
+  else
+    { compgen -G '/dev/nvidia[0-9]*' || true; } | wc -l
+  fi
+}
+
+# A rank without a GPU of its own: the hint names what can work (SRUNSH_GPUS_PER_NODE=0 cannot).
+check_rank_gpu() {
+  local visible
+  visible=$(visible_gpus)
+  ((LOCAL_RANK >= visible)) || return 0
+  local rank devices allocate="salloc --gpus-per-node=$LOCAL_WORLD_SIZE"
+  rank="rank $RANK (local rank $LOCAL_RANK) on $(uname -n)"
+  devices="CUDA_VISIBLE_DEVICES=$(q "${CUDA_VISIBLE_DEVICES-unset}")"
+  if ((visible == 0)); then
+    rank_fails "$rank sees no GPU ($devices): allocate GPUs for the job ($allocate)"
+  fi
+  rank_fails "$rank sees $visible GPU(s) ($devices): set SRUNSH_GPUS_PER_NODE=$visible or allocate" \
+    "$LOCAL_WORLD_SIZE GPUs a node ($allocate)"
+}
+
+# Gloo (Megatron's CPU groups, torch's store fallbacks) binds the address the host's own name resolves to, which is
+# 127.0.1.1 on Debian/Ubuntu: across nodes it must use the interface that reaches the master instead.
+export_gloo_interface() {
+  [[ -z ${GLOO_SOCKET_IFNAME:-} ]] && ((WORLD_SIZE > LOCAL_WORLD_SIZE)) && command -v ip >/dev/null || return 0
+  local interface
+  interface=$(ip -o -4 addr show | awk -v a="$MASTER_ADDR" '{ split($4, p, "/") } p[1] == a { print $2; exit }')
+  [[ -n $interface ]] ||
+    interface=$(ip -o route get "$MASTER_ADDR" | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }')
+  [[ -z $interface ]] || export GLOO_SOCKET_IFNAME=$interface
+}
+
+# Console lines get the rank as label; the rank's log gets them as they are, each line in one write, so that a line of
+# stdout and one of stderr never splice in the log (an unbuffered python writes a line's text and its newline apart).
+# Both outlive a SIGTERM to the step, so the rank's last words are kept.
+label_and_log() {
+  trap '' INT TERM
+  umask 077
+  sed -u '' | tee -a "$1" | sed -u "s/^/$RANK: /"
+}
+
+main() {
+  # Started by srun.sh: it set RUN_DIR, and either torchrun set RANK (--local) or the task is a step of SLURM's.
+  [[ -n ${RUN_DIR:-} && (-n ${RANK:-} || -n ${SLURM_STEP_ID:-}) ]] ||
+    die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
+  if [[ -z ${RANK:-} ]]; then
+    RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID # SLURM's task ids become torch.distributed's
+  fi
+  export RANK LOCAL_RANK
+  # srun.sh's hang report signals every process of the step (SIGUSR2): only the rank answers (launcher/hang/dumps.py)
+  # and the rest, this shell and its log writers among them, ignore it, as the rank does until it answers.
+  trap '' USR2
+  export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$RANK}             # per rank: no compile-cache races
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions_$RANK} # per rank, likewise
+  RANK_LOG=$RUN_DIR/logs/rank-$RANK.log
+  local error
+  error=$(umask 077 && mkdir -p -- "$RUN_DIR/logs" 2>&1) ||
+    die "rank $RANK on $(uname -n) cannot write its log in $(q "$RUN_DIR/logs") (${error##*: }):" \
+      "SRUNSH_OUTPUT_ROOT must be writable on every node"
+  check_rank_gpu
+  export_gloo_interface
+
+  local out err status=0
+  local -a log_pids=()
+  exec {out}> >(label_and_log "$RANK_LOG")
+  log_pids+=("$!")
+  exec {err}> >(label_and_log "$RANK_LOG" >&2)
+  log_pids+=("$!")
+  # The rank is this shell's only child, in the foreground: a signal reaches it directly (srun and torchrun signal
+  # every process of the rank), and this shell outlives the signal to record how the rank ended. The report of
+  # the signal that bash would print goes nowhere: srun.sh names the first failure itself.
+  trap : INT TERM
+  { "$@" 1>&"$out" 2>&"$err"; } 2>/dev/null || status=$?
+  record_rank_status "$status"
+  exec {out}>&- {err}>&-
+  wait "${log_pids[@]}"
+  exit "$status"
+}
+
+# Sourced (the tests compare visible_gpus with the launching host's count): the functions only.
+[[ ${BASH_SOURCE[0]} != "$0" ]] || main "$@"

@@ -1,0 +1,67 @@
+"""A rank whose training raised exits within GRACE_S, also when Megatron Bridge's clean-up after the error hangs.
+
+Megatron Bridge 0.6.2's pretrain() logs a training error (logger.exception) and aborts the process groups before it
+re-raises; an abort that never returns leaves a rank that neither trains nor exits. The error's record starts a timer:
+when it runs out the rank says so and exits 1, and srun.sh reports it as the rank that failed first. train()'s own
+sys.exit() (after its save on SIGTERM, or at train.exit_interval) takes the same path, logged as "Pretrain failed ...
+SystemExit: 0": that rank says at once that it did not fail, and exits with the status it chose after EXIT_GRACE_S,
+inside the 30 s grace that torchrun and SLURM give a stopped rank.
+"""
+
+import logging
+import os
+import sys
+import threading
+
+from launcher.restart.log import say
+
+PRETRAIN_LOGGER = "megatron.bridge.training.pretrain"  # logs only on the failure path, at ERROR
+GRACE_S = 60.0  # an abort of healthy NCCL communicators and of async checkpointing takes seconds
+EXIT_GRACE_S = 10.0  # after training's own exit: its checkpoint is written, only the process groups are left
+
+
+class ExitAfterFailure(logging.Handler):
+    """On the first ERROR record, a daemon timer that ends the process unless it has ended by itself."""
+
+    def __init__(self, grace_s: float, exit_grace_s: float) -> None:
+        super().__init__(level=logging.ERROR)
+        self.grace_s = grace_s
+        self.exit_grace_s = exit_grace_s
+        self.timer: threading.Timer | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.timer is not None:
+            return
+        status = chosen_exit_status(record)
+        if status is None:
+            grace, status = self.grace_s, 1
+            line = f"Megatron Bridge's clean-up after the error above did not return in {grace:g} s: the rank exits 1"
+        else:
+            say(f"training ended by its own sys.exit({status}); Megatron Bridge logs that as"
+                ' "Pretrain failed": it is not one', sys.stderr)  # fmt: skip
+            grace = self.exit_grace_s
+            line = (f"Megatron Bridge's clean-up after training's exit did not return in {grace:g} s: the rank exits"
+                    f" {status}, as training chose")  # fmt: skip
+        self.timer = threading.Timer(grace, leave, args=(status, line))
+        self.timer.daemon = True
+        self.timer.start()
+
+
+def leave(status: int, line: str) -> None:
+    """End the process now, whatever its threads do, after saying why."""
+    say(line, sys.stderr)
+    os._exit(status)
+
+
+def chosen_exit_status(record: logging.LogRecord) -> int | None:
+    """The status a SystemExit in the record asks for (sys.exit's rules); None for any other error."""
+    error = record.exc_info[1] if record.exc_info else None
+    if not isinstance(error, SystemExit):
+        return None
+    if error.code is None or isinstance(error.code, int):
+        return error.code or 0
+    return 1  # sys.exit("message") prints the message and exits 1
+
+
+def install(grace_s: float = GRACE_S, exit_grace_s: float = EXIT_GRACE_S) -> None:
+    logging.getLogger(PRETRAIN_LOGGER).addHandler(ExitAfterFailure(grace_s, exit_grace_s))

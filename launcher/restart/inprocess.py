@@ -1,0 +1,123 @@
+"""The rank's side of in-process restart and straggler detection (nvidia-resiliency-ext, as Megatron Bridge 0.6.2
+integrates them): each section an override names, created where the recipe left it None (as its recipes do); the
+checks that upstream leaves to a failure on every rank after start-up; the CallWrapper that upstream's adapter drops.
+"""
+
+import inspect
+import os
+from collections.abc import Callable
+
+import torch
+from hydra.core.override_parser.types import Override
+from megatron.bridge.training.config import ConfigContainer, InProcessRestartConfig, NVRxStragglerDetectionConfig
+
+from launcher.config.errors import UsageError
+from launcher.restart.plan import PlanError, plan
+
+SECTIONS = {"inprocess_restart": InProcessRestartConfig, "nvrx_straggler": NVRxStragglerDetectionConfig}
+
+
+def add_sections(cfg: ConfigContainer, overrides: list[Override]) -> None:
+    """Each section that an override sets a field of, with its defaults, where the recipe left it None."""
+    for override in overrides:
+        name = override.key_or_group.partition(".")[0]
+        if name in SECTIONS and "." in override.key_or_group and getattr(cfg, name) is None:
+            setattr(cfg, name, SECTIONS[name]())
+
+
+def pass_the_call_wrapper() -> None:
+    """Wraps Megatron Bridge 0.6.2's training.inprocess_restart.inprocess_restart(), whose adapter around _pretrain,
+    `_adapter(*args, **kwargs)`, lacks the parameter annotated CallWrapper that NVRx passes its CallWrapper to:
+    _pretrain would never learn it restarts (its own clean-up runs first, every restart under one store prefix). The
+    adapter gets the signature NVRx looks for; its code stays upstream's (docs/failures.md, upstream defects)."""
+    from megatron.bridge.training import inprocess_restart as bridge
+
+    build = bridge.inprocess_restart
+    signature = adapter_signature()
+
+    def inprocess_restart(train_fn: Callable, config: InProcessRestartConfig, state: object) -> Callable:
+        wrapped = build(train_fn, config, state)
+        wrapped.__wrapped__.__signature__ = signature  # the adapter, under NVRx's functools.wraps
+        return wrapped
+
+    bridge.inprocess_restart = inprocess_restart
+
+
+def adapter_signature() -> inspect.Signature:
+    from nvidia_resiliency_ext.inprocess import CallWrapper
+
+    kind = inspect.Parameter
+    call_wrapper = kind("inprocess_call_wrapper", kind.KEYWORD_ONLY, default=None, annotation=CallWrapper)
+    return inspect.Signature([kind("args", kind.VAR_POSITIONAL), call_wrapper, kind("kwargs", kind.VAR_KEYWORD)])
+
+
+def restart_enabled(cfg: ConfigContainer) -> bool:
+    return cfg.inprocess_restart is not None and cfg.inprocess_restart.enabled
+
+
+def training_world_size(cfg: ConfigContainer, world_size: int | None) -> int | None:
+    """The ranks that train: with in-process restart, active_world_size of them; the rest are warm spares."""
+    if world_size is None or not restart_enabled(cfg) or cfg.inprocess_restart.active_world_size is None:
+        return world_size
+    return cfg.inprocess_restart.active_world_size
+
+
+def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
+    if not restart_enabled(cfg):
+        return
+    check_timeouts(cfg.inprocess_restart)
+    check_launcher_knows()
+    if world_size is not None:
+        check_spares(cfg.inprocess_restart, world_size)
+
+
+def check_timeouts(config: InProcessRestartConfig) -> None:
+    """nvidia-resiliency-ext's Wrapper refuses other orders with a ValueError on every rank, after start-up."""
+    soft, hard, barrier = config.soft_timeout, config.hard_timeout, config.barrier_timeout
+    if not soft < hard < barrier:
+        raise UsageError(
+            f"inprocess_restart timeouts soft_timeout={soft:g} < hard_timeout={hard:g} < barrier_timeout={barrier:g}"
+            " do not hold, which nvidia-resiliency-ext requires: make each larger than the one before"
+        )
+    if config.heartbeat_interval >= config.heartbeat_timeout:
+        raise UsageError(
+            f"inprocess_restart.heartbeat_interval={config.heartbeat_interval:g} is not below heartbeat_timeout="
+            f"{config.heartbeat_timeout:g}: a rank would count as missing between two heartbeats; lower the interval"
+        )
+
+
+def check_launcher_knows() -> None:
+    """srun.sh learns of in-process restart from the command line only: not from a recipe that turns it on."""
+    if "RUN_DIR" in os.environ and os.environ.get("SRUN_SH_INPROCESS") not in ("1", None):
+        raise UsageError(
+            "the recipe turns in-process restart on, but srun.sh started the ranks without it, so the job would still"
+            " end at the first failed rank: add inprocess_restart.enabled=true to the command line"
+        )
+
+
+def check_spares(config: InProcessRestartConfig, world_size: int) -> None:
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    try:
+        plan(
+            [f"inprocess_restart.{name}={getattr(config, name)}" for name in ("active_world_size", "granularity")]
+            + ["inprocess_restart.enabled=true"],
+            nodes=max(1, world_size // per_node) if per_node else 1,
+            ranks_per_node=per_node or world_size,
+            master_port=int(os.environ.get("MASTER_PORT", "0")),
+        )
+    except PlanError as error:
+        raise UsageError(str(error)) from None
+    check_node_layer(config, per_node)
+
+
+def check_node_layer(config: InProcessRestartConfig, per_node: int) -> None:
+    """Megatron Bridge sizes NVRx's per-node layer by torch.cuda.device_count(), not by the ranks a node runs: with
+    fewer ranks a node than GPUs no node would ever be complete."""
+    if config.granularity != "node" or not per_node or not torch.cuda.is_available():
+        return
+    devices = torch.cuda.device_count()
+    if devices != per_node:
+        raise UsageError(
+            f"inprocess_restart.granularity=node needs one rank per visible GPU, but this node runs {per_node} rank(s)"
+            f" and shows {devices} GPU(s): set SRUNSH_GPUS_PER_NODE={devices}, or inprocess_restart.granularity=rank"
+        )

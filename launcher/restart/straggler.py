@@ -1,0 +1,51 @@
+"""Straggler detection (nvidia-resiliency-ext's straggler.Detector, as Megatron Bridge 0.6.2 runs it with
+nvrx_straggler.enabled=true) made visible: every record of its logger goes to RUN_DIR/stragglers.log (the relative and
+individual GPU performance scores, every nvrx_straggler.report_time_interval seconds), and each straggler found is one
+console line naming its rank and host, as is the stop with nvrx_straggler.stop_if_detected=true.
+
+Megatron Bridge's manager logs on rank 0: "STRAGGLER DETECTION WARNING: ... Affected ranks: {StragglerId(rank=3,
+node='node2')}" ("worse relative performance" or "performance dropped"), and STOPPING when it stops training.
+"""
+
+import logging
+import re
+from pathlib import Path
+
+from megatron.bridge.training.config import NVRxStragglerDetectionConfig
+
+from launcher.restart.log import say
+
+STRAGGLER = re.compile(r"StragglerId\(rank=(?P<rank>\d+), node='(?P<node>[^']*)'\)")
+STOPPING = "Detected stragglers. Training should be stopped."
+LOG_FILE = "stragglers.log"
+
+
+class StragglerLog(logging.Handler):
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(level=logging.INFO)
+        self.path = run_dir / LOG_FILE
+        self.found: dict[int, str] = {}  # rank -> host
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as log:
+            log.write(f"{self.format(record)}\n")
+        if "STRAGGLER DETECTION WARNING" in message:
+            kind = "relative score" if "relative" in message else "individual score"
+            for found in STRAGGLER.finditer(message):
+                self.found[int(found["rank"])] = found["node"]
+                say(f"straggler ({kind} below threshold): rank {found['rank']} on {found['node']} ({self.path})")
+        elif message.startswith(STOPPING):
+            named = ", ".join(f"rank {rank} on {host}" for rank, host in sorted(self.found.items()))
+            say(f"training stops (nvrx_straggler.stop_if_detected=true): straggler(s) {named or 'unnamed'}")
+
+
+def install(config: NVRxStragglerDetectionConfig | None, run_dir: Path) -> None:
+    if config is None or not config.enabled:
+        return
+    handler = StragglerLog(run_dir)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger(config.logger_name)
+    logger.setLevel(logging.INFO)  # the scores are INFO records
+    logger.addHandler(handler)

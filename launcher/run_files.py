@@ -1,0 +1,83 @@
+"""The files of a run's folder (RUN_DIR) that the launching host and the ranks share, by name, and the few ways they
+are read. Standard library only: both sides import it.
+
+    RUN_DIR/launch-plan.json       the launch plan (launcher/host/plan.py), written once before the ranks start
+    RUN_DIR/logs/launcher.log      what srun or torchrun said, and the health check's and container removal's output
+    RUN_DIR/logs/rank-R.log        rank R's output;  rank-R.status: "STATUS EPOCH_SECONDS HOST" when it ended
+    RUN_DIR/logs/usage-error       the first rank's one-line error that every rank found
+    RUN_DIR/logs/requeues.log      a batch job's requeues, one line each
+    RUN_DIR/hang/                  the hang watch's and the ranks' records (launcher/hang/); hang/stalled.txt: why
+    RUN_DIR/health.json            the health check's verdict; health/failed-nodes: the nodes it condemned
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import shutil
+from pathlib import Path
+
+LAUNCH_PLAN = "launch-plan.json"
+LAUNCHER_LOG = "logs/launcher.log"
+USAGE_ERROR = "logs/usage-error"
+REQUEUES_LOG = "logs/requeues.log"
+HANG = "hang"
+STALLED = "hang/stalled.txt"
+HEALTH_JSON = "health.json"
+STOPPED = (130, 137, 143)  # a rank-R.status of SIGINT, SIGKILL, SIGTERM
+FAILED_NODES = "health/failed-nodes"
+
+
+def at(run_dir: str, name: str) -> str:
+    """The path of the run folder's file NAME (one of the names above)."""
+    return f"{run_dir}/{name}"
+
+
+def remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_rank_statuses(run_dir: str) -> None:
+    """An earlier step's rank-R.status files: the failure report reads those of the step that just ended."""
+    for path in glob.glob(f"{glob.escape(run_dir)}/logs/rank-*.status"):
+        remove(path)
+
+
+def read_text(path: str) -> str:
+    """PATH's text; empty when it cannot be read."""
+    try:
+        with open(path, errors="surrogateescape") as file:
+            return file.read()
+    except OSError:
+        return ""
+
+
+@dataclasses.dataclass(order=True)
+class RankEnd:
+    """How a rank ended, from its rank-R.status; ranks that were stopped sort after one that failed."""
+
+    stopped: bool
+    when: float
+    rank: str
+    status: int
+    host: str
+
+
+def rank_ends(logs: Path) -> list[RankEnd]:
+    """The ranks that ended with a non-zero status, the first first."""
+    ends = []
+    for path in logs.glob("rank-*.status"):
+        words = path.read_text(errors="replace").split(maxsplit=2)
+        if len(words) < 3 or not words[0].isdigit() or int(words[0]) == 0:
+            continue
+        status, rank = int(words[0]), path.name.removeprefix("rank-").removesuffix(".status")
+        ends.append(RankEnd(status in STOPPED, float(words[1]), rank, status, words[2].strip()))
+    return sorted(ends)
