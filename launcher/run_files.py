@@ -12,10 +12,12 @@ are read. Standard library only: both sides import it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 LAUNCH_PLAN = "launch-plan.json"
@@ -32,6 +34,24 @@ FAILED_NODES = "health/failed-nodes"
 def at(run_dir: str, name: str) -> str:
     """The path of the run folder's file NAME (one of the names above)."""
     return f"{run_dir}/{name}"
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Files and folders made meanwhile are their owner's only (umask 077), as every file of a run folder is."""
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file that only its owner can read."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # a file a resumed run wrote before keeps its mode otherwise
+    with open(descriptor, "w") as file:
+        file.write(text)
 
 
 def remove(path: str) -> None:

@@ -15,6 +15,8 @@ from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.utils import omegaconf_utils
 from omegaconf import OmegaConf
 
+from launcher.run_files import write_private
+
 # Megatron Bridge 0.6 recipes default to <cwd>/nemo_experiments/default/..., shared by every run started there.
 UPSTREAM_DEFAULT = Path.cwd() / "nemo_experiments" / "default"
 # The variables launch.json records, by exact name: a family prefix (HF_, NCCL_) also records whatever credential a user
@@ -99,14 +101,6 @@ def recorded_environment() -> dict[str, str]:
         for name, value in sorted(environment.items())
         if name in RECORDED_ENV_NAMES
     }
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write a file that only its owner can read."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(descriptor, 0o600)  # a file a resumed run wrote before keeps its mode otherwise
-    with open(descriptor, "w") as file:
-        file.write(text)
 
 
 def save_run_record(cfg: ConfigContainer, directory: Path) -> None:

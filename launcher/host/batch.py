@@ -74,11 +74,8 @@ def submit(words: list[str], knobs: Knobs) -> int:
     if test.returncode:
         raise BadInputError(f"sbatch refused the job: {refusal(test.stdout + test.stderr)}")
     say_environment_knobs(plan, "# srun.sh: ", sys.stderr.buffer)
-    old = os.umask(0o077)
-    try:
+    with run_files.private_files():
         os.makedirs(plan.run_root, exist_ok=True)
-    finally:
-        os.umask(old)
     out = subprocess.run([*command, "--parsable"], input=script, stdout=subprocess.PIPE, text=True, check=True).stdout
     job = out.strip().split(";", 1)[0]
     run = knobs["SRUNSH_RUN_ID"] or job
@@ -163,8 +160,3 @@ def requeue(
     if subprocess.run(["scontrol", "requeue", job], check=False).returncode:
         return status
     return 0
-
-
-def run_quietly(command: list[str]) -> None:
-    """COMMAND to its end, whatever its status (a report that could not be written leaves the stop as it is)."""
-    subprocess.run(command, check=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from launcher.host.plan import LaunchPlan
+from launcher.host.preflight import HEALTH_PROGRAM
 from launcher.shell_quote import q
 
 # The rank environment that --dry-run shows, in this order.
@@ -54,7 +55,7 @@ def export_rank_environment(plan: LaunchPlan) -> None:
 def rank_command(plan: LaunchPlan, health: bool = False) -> list[str]:
     """What every rank runs: entrypoint.py with the recipe and the overrides, or the health check."""
     if health or plan.health_only:
-        return [plan.python, f"{plan.code_dir}/{plan.health_program}"]
+        return [plan.python, f"{plan.code_dir}/{HEALTH_PROGRAM}"]
     return [plan.python, f"{plan.code_dir}/entrypoint.py", plan.recipe_arg, *plan.overrides]
 
 

@@ -18,6 +18,7 @@ import time
 from launcher.host.master_address import master_address
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import BadInputError
+from launcher.run_files import private_files
 from launcher.shell_quote import q
 
 PORT_BASE, PORT_SPAN = 20000, 12768  # below Linux's ephemeral range (32768+)
@@ -40,10 +41,6 @@ class Job:
     @property
     def run_dir(self) -> str:
         return f"{self.run_root}/{self.run_id}"
-
-    @property
-    def world_size(self) -> int:
-        return len(self.hosts) * self.ranks_per_node
 
     @property
     def node_list(self) -> str:
@@ -114,13 +111,11 @@ def run_port(job: Job) -> str:
 
 def make_dir(path: str) -> str:
     """The error that creating PATH (mode 700) gave, as the shell's tools word it; empty on success."""
-    old = os.umask(0o077)
     try:
-        os.mkdir(path)
+        with private_files():
+            os.mkdir(path)
     except OSError as error:
         return error.strerror or str(error)
-    finally:
-        os.umask(old)
     return ""
 
 
@@ -132,13 +127,11 @@ def unwritable(path: str, why: str) -> BadInputError:
 
 def claim_run_dir(job: Job) -> int:
     """The run's folder, taken, and its lock held; the lock's file descriptor."""
-    old = os.umask(0o077)
     try:
-        os.makedirs(job.run_root, exist_ok=True)
+        with private_files():
+            os.makedirs(job.run_root, exist_ok=True)
     except OSError as error:
         raise unwritable(job.run_root, error.strerror or str(error)) from None
-    finally:
-        os.umask(old)
     if job.new_run:
         while error := make_dir(job.run_dir):
             if not os.path.lexists(job.run_dir):
@@ -147,22 +140,16 @@ def claim_run_dir(job: Job) -> int:
             job.run_id = f"{job.run_base}-{job.taken + 1}"
     else:
         job.resuming = os.path.isdir(job.run_dir)
-    old = os.umask(0o077)
-    try:
+    with private_files():
         os.makedirs(f"{job.run_dir}/logs", exist_ok=True)
-    finally:
-        os.umask(old)
     return lock_run(job, f"{job.run_dir}/.lock")
 
 
 def lock_run(job: Job, path: str) -> int:
     """Holds the lock on PATH until this process and those it starts have ended (they inherit it), and notes who
     holds it."""
-    old = os.umask(0o077)
-    try:
+    with private_files():
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    finally:
-        os.umask(old)
     os.set_inheritable(fd, True)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

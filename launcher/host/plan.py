@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+from pathlib import Path
+
+from launcher.run_files import write_private
 
 
 @dataclasses.dataclass
@@ -36,7 +38,6 @@ class LaunchPlan:
     nsys_path: str = "nsys"
     srun_extra_args: list[str] = dataclasses.field(default_factory=list)
     overrides: list[str] = dataclasses.field(default_factory=list)
-    health_program: str = "launcher/health.py"
     env_knobs: str = ""  # the knobs the environment set, NAME=VALUE, for the launch's first line
     env_ignored: str = ""  # the knobs' old names the environment set, which srun.sh does not read
     # the job
@@ -67,13 +68,5 @@ class LaunchPlan:
 
 
 def write(plan: LaunchPlan, path: str) -> None:
-    """PATH holds PLAN, written whole or not at all (write, then rename), readable by the user only."""
-    temporary = f"{path}.{os.getpid()}"
-    old = os.umask(0o077)
-    try:
-        with open(temporary, "w") as file:
-            json.dump(dataclasses.asdict(plan), file, indent=1)
-            file.write("\n")
-    finally:
-        os.umask(old)
-    os.replace(temporary, path)
+    """PATH holds PLAN, readable by the user only."""
+    write_private(Path(path), json.dumps(dataclasses.asdict(plan), indent=1) + "\n")

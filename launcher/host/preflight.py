@@ -16,7 +16,8 @@ from launcher.assignments import NotAssignmentError, assignment
 from launcher.shell_quote import q
 
 REPO = Path(__file__).resolve().parents[2]
-HEALTH_RECIPE = REPO / "launcher" / "health.py"
+HEALTH_PROGRAM = "launcher/health.py"  # the health check every rank runs, in this checkout
+HEALTH_RECIPE = REPO / HEALTH_PROGRAM
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 POSITIVE = re.compile(r"[1-9][0-9]*")
 OPTIONS = ("--nsys", "--dry-run", "--no-container", "--local", "--health", "-h", "--help", "--sbatch")

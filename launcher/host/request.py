@@ -13,7 +13,6 @@ from launcher.shell_quote import q
 
 Knobs = dict[str, str]
 OPTIONS = ("--nsys", "--dry-run", "--no-container", "--local", "--health")
-HEALTH_PROGRAM = "launcher/health.py"
 
 
 def split_argv(argv: list[str]) -> tuple[Knobs, list[str]]:
@@ -78,7 +77,6 @@ def checked_plan(args: Launch, knobs: Knobs) -> LaunchPlan:
         nsys_path=knobs["SRUNSH_NSYS"],
         srun_extra_args=knobs["SRUNSH_SRUN_EXTRA_ARGS"].split("\n", 1)[0].split(),
         overrides=[] if args.health else [*args.words[1:], *default_overrides(args)],
-        health_program=HEALTH_PROGRAM,
         env_knobs=checked.env_knobs,
         env_ignored=checked.env_ignored,
     )

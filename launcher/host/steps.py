@@ -13,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import BinaryIO
 
 from launcher.host.notes import pass_on
+from launcher.run_files import private_files
 
 POLL_S = 0.1
 
@@ -64,17 +66,14 @@ class Step:
         self.process: subprocess.Popen[bytes] | None = None
         self.log_start = 1
 
-    def run(self, idle: threading.Event | None = None, on_idle=None) -> int:
+    def run(self, idle: threading.Event | None = None, on_idle: Callable[[], None] | None = None) -> int:
         """Runs the command to its end; calls ON_IDLE in this thread when IDLE is set meanwhile."""
         try:
             self.log_start = os.stat(self.log).st_size + 1  # this launch's lines of launcher.log start here
         except OSError:
             self.log_start = 1
-        old = os.umask(0o077)
-        try:
+        with private_files():
             log = open(self.log, "ab")  # closed by the notes thread
-        finally:
-            os.umask(old)
         # torchrun gets a session of its own, so that a terminal's Ctrl-C reaches the ranks once, as srun.sh's SIGTERM.
         self.process = subprocess.Popen(self.command, stderr=subprocess.PIPE, start_new_session=self.local)
         notes = threading.Thread(target=keep_notes, args=(self.process.stderr, log, self.local), daemon=True)

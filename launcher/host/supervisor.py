@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -25,6 +26,7 @@ from launcher.hang.watch import watch
 from launcher.health.exclude_nodes import exclude
 from launcher.host import batch, command, container, request
 from launcher.host import plan as plans
+from launcher.host.batch import say
 from launcher.host.first_failure import log_end
 from launcher.host.first_failure import report as report_failure
 from launcher.host.job import Job, resolve_job
@@ -38,11 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 HANG_REPORT = REPO / "launcher" / "hang" / "report.py"
 HEALTH_REPORT = REPO / "launcher" / "health" / "report.py"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def say(line: str) -> None:
-    sys.stderr.buffer.write(os.fsencode(line + "\n"))
-    sys.stderr.flush()
 
 
 class Supervisor:
@@ -107,10 +104,12 @@ class Supervisor:
             target = ["--step", step]
         if self.hung:
             target.append("--stalled")  # the hang watch's: a stall, not a stop of a job that may be progressing
-        batch.run_quietly(
+        # Whatever its status: a report that could not be written leaves the stop as it is.
+        subprocess.run(
             ["python3", str(HANG_REPORT), self.plan.run_dir, "--why", why, "--world-size",
              str(self.plan.world_size), "--nodes", self.job.node_list, "--ranks-per-node",
-             str(self.plan.ranks_per_node), *target]
+             str(self.plan.ranks_per_node), *target],
+            check=False,
         )  # fmt: skip
 
     def on_stall(self) -> None:
