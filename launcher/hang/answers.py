@@ -32,7 +32,7 @@ class Rank:
     registered: dict | None = None  # rank-R.json: pid, start time, main thread
     answer: dict | None = None  # answer-rank-R.json: distributed, backend, last step
     frames: list[str] = dataclasses.field(default_factory=list)  # the main thread's, most recent first
-    dump: dict | None = None  # the flight recorder record
+    dump: dict | None = None  # the flight recorder record, or its summary (launcher/hang/flight_records.py)
     ended: str | None = None  # how it ended, if it had (its status record)
 
     def where(self) -> str:
@@ -164,7 +164,8 @@ def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> N
                 stacks_at.setdefault(rank, now)
             if now - stacks_at.get(rank, now) > STACKS_GRACE_S:
                 pending.discard(rank)
-        time.sleep(0.5)
+        if pending:
+            time.sleep(0.5)
 
 
 def read_stacks(path: Path, offset: int) -> str:
@@ -197,7 +198,9 @@ def gather(run_dir: Path, world: int, host_of: list[str], before: dict[int, int]
         rank.answer = read_json(hang / f"answer-rank-{number}.json")
         text = read_stacks(hang / f"stacks-rank-{number}.txt", before.get(number, 0))
         rank.frames = main_thread_frames(text, record["main_thread"] if record else None)
-        if rank.answer and rank.answer.get("flight_recorder"):
+        if rank.answer and rank.answer.get("flight_recorder_summary"):
+            rank.dump = rank.answer["flight_recorder_summary"]
+        elif rank.answer and rank.answer.get("flight_recorder"):
             rank.dump = read_dump(hang / "fr" / rank.answer["flight_recorder"])
         ranks[number] = rank
     return ranks

@@ -4,14 +4,12 @@ collective that not every member completed, who is in it and who is not; and tor
 
 import dataclasses
 import importlib.util
-import itertools
-import json
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 from launcher.hang.answers import Rank
+from launcher.hang.flight_records import group_records, ranges
 
 
 @dataclasses.dataclass
@@ -44,57 +42,34 @@ class Collective:
         return f"{op} #{self.seq} of process group {self.group} ({label}ranks {ranges(self.members)})"
 
 
-def ranges(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    runs = itertools.groupby(enumerate(sorted(set(ranks))), key=lambda item: item[1] - item[0])  # consecutive: alike
-    bounds = [(run[0][1], run[-1][1]) for run in (list(group) for _, group in runs)]
-    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in bounds)
-
-
-def group_records(dump: dict) -> dict[str, dict]:
-    """One rank's flight recorder -> {process group name: desc, members, enqueued, completed, entries by seq}."""
-    groups: dict[str, dict] = {}
-    names: dict[str, tuple[str, str]] = {}
-
-    def group(name: str, desc: str) -> dict:
-        return groups.setdefault(name, {"desc": desc, "members": None, "enqueued": 0, "completed": 0, "entries": {}})
-
-    for entry in dump.get("entries", []):
-        if entry.get("is_p2p"):
-            continue
-        name, desc = (str(part) for part in entry["process_group"])
-        desc = "" if desc == "undefined" else desc
-        names[str(entry["pg_id"])] = (name, desc)
-        group(name, desc)["entries"][int(entry["collective_seq_id"])] = entry
-    for pg_id, status in dump.get("pg_status", {}).items():
-        record = group(*names.get(str(pg_id), (str(pg_id), "")))
-        record["enqueued"] = max(0, int(status["last_enqueued_collective"]))  # -1: none yet (sequence ids start at 1)
-        record["completed"] = max(0, int(status["last_completed_collective"]))
-    for name, config in dump.get("pg_config", {}).items():
-        if name in groups:
-            groups[name]["members"] = json.loads(config["ranks"])
-    return groups
-
-
 def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
     """Every process group's oldest collective that not all of its members completed, the most telling first: those
     with members that are not in it, then those that the most ranks wait in."""
     records = {number: group_records(rank.dump) for number, rank in ranks.items() if rank.dump is not None}
-    names = sorted({name for groups in records.values() for name in groups})
-    found = [collective for name in names if (collective := oldest_open(name, records, ranks, world))]
+    holders: dict[str, dict[int, dict]] = {}  # each group's records, by the rank they are of
+    for number, groups in records.items():
+        for name, group in groups.items():
+            holders.setdefault(name, {})[number] = group
+    found = [
+        collective
+        for name in sorted(holders)
+        if (collective := oldest_open(name, holders[name], records, ranks, world))
+    ]
     return sorted(found, key=lambda c: (not c.outside(), -len(c.waiting()), -len(c.members), c.seq))
 
 
-def oldest_open(name: str, records: dict[int, dict], ranks: dict[int, Rank], world: int) -> Collective | None:
-    """Process group `name`'s oldest collective that not every member completed, or None. `records`: each rank's
-    group_records()."""
-    known = [groups[name] for groups in records.values() if name in groups]
+def oldest_open(
+    name: str, holders: dict[int, dict], records: dict[int, dict], ranks: dict[int, Rank], world: int
+) -> Collective | None:
+    """Process group `name`'s oldest collective that not every member completed, or None. `holders`: the group's
+    record of each rank that has one; `records`: each rank's group_records()."""
+    known = list(holders.values())
     desc = next((group["desc"] for group in known if group["desc"]), "")
     members = next((group["members"] for group in known if group["members"]), None)
     if members is None:
-        members = list(range(world)) if desc == "default_pg" else [n for n in records if name in records[n]]
+        members = list(range(world)) if desc == "default_pg" else list(holders)
     none = {"enqueued": 0, "completed": 0}
-    groups = {member: records[member].get(name, none) for member in members if member in records}
+    groups = {member: holders.get(member, none) for member in members if member in records}
     status = {member: (group["enqueued"], group["completed"]) for member, group in groups.items()}
     if not any(enqueued > completed for enqueued, completed in status.values()):
         return None
@@ -106,7 +81,7 @@ def oldest_open(name: str, records: dict[int, dict], ranks: dict[int, Rank], wor
     entered: list[float] = []
     for member, (enqueued, completed) in sorted(status.items()):
         if enqueued >= seq > completed:
-            entry = records[member][name]["entries"].get(seq) or {}
+            entry = holders[member]["entries"].get(seq) or {}
             collective.ops.setdefault(entry.get("profiling_name", "a collective"), []).append(member)
             states[member] = str(entry.get("state"))
             collective.sizes = collective.sizes or str(entry.get("input_sizes", ""))

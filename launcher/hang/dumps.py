@@ -13,7 +13,9 @@ registers here) and then reads RUN_DIR/hang/ (launcher/hang/report.py):
   signal.set_wakeup_fd, since the main thread may never run Python again;
 - answer-rank-R.json, once that thread is done: when the request came, whether torch.distributed was up, the
   backend, the last step, when it completed and the longest step so far (launcher/hang/progress.py, this host's
-  clock). The thread needs the GIL: a rank whose stuck thread holds it answers with its stacks only.
+  clock), and the summary of its flight recorder that the report reads (launcher/hang/flight_records.py), so that
+  the launching host reads one small file a rank. The thread needs the GIL: a rank whose stuck thread holds it
+  answers with its stacks only.
 
 SIGUSR2 is blocked in the main thread, so in every thread it starts and in every process the rank starts (the mask is
 inherited across fork and exec): data loader workers, compilers and checkpoint writers ignore the step-wide signal
@@ -22,6 +24,7 @@ instead of dying of it. Only the answering thread takes it.
 
 import faulthandler
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -30,7 +33,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.hang import progress
+from launcher.hang import flight_records, progress
 
 SIGNAL = signal.SIGUSR2
 
@@ -136,5 +139,17 @@ def dump_flight_recorder(path: Path, backend: str) -> dict[str, str]:
         data = dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
     except RuntimeError as error:
         return {"flight_recorder_error": f"{type(error).__name__}: {error}"}
+    return record_flight_recorder(path, data)
+
+
+def record_flight_recorder(path: Path, data: bytes) -> dict[str, Any]:
+    """torch's record DATA into PATH, as torch pickled it (torchfrtrace reads it there); the answer's fields: its
+    name, and its summary for the report. A record this code cannot read gets no summary: the report then reads
+    the file."""
     progress.replace_file(path, data)
-    return {"flight_recorder": path.name}
+    fields: dict[str, Any] = {"flight_recorder": path.name}
+    try:
+        fields["flight_recorder_summary"] = flight_records.summary(pickle.loads(data))
+    except (pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError):
+        pass  # the report reads the record itself
+    return fields

@@ -74,7 +74,8 @@ def in_collective(ranks: dict[int, Rank], found: list[Collective]) -> tuple[str,
     first = found[0]
     if first.outside():
         outside = [ranks[n] for n in first.outside()]
-        waiting = [n for n in first.waiting() if n not in first.unstarted]
+        unstarted = set(first.unstarted)
+        waiting = [n for n in first.waiting() if n not in unstarted]
         who = ranks_phrase(waiting, "wait") if waiting else "no rank waits"
         return f"{who} in {first.name()}; {len(outside)} rank(s) not in it", f"not in it: {ranks_list(outside, found)}"
     hosts = ", ".join(sorted({ranks[n].host for n in first.members if n in ranks}))
@@ -105,20 +106,31 @@ def elsewhere(ranks: dict[int, Rank]) -> tuple[str, str]:
     )
 
 
-def seen_of(rank: Rank, ranks: dict[int, Rank], here: str) -> str:
+def answered_by_host(ranks: dict[int, Rank]) -> dict[str, list[int]]:
+    """The ranks whose stacks or answer came, by host."""
+    answered: dict[str, list[int]] = {}
+    for rank in ranks.values():
+        if not rank.silent():
+            answered.setdefault(rank.host, []).append(rank.rank)
+    return answered
+
+
+def seen_of(rank: Rank, answered: dict[str, list[int]], here: str) -> str:
     """What the launching host can see of a rank that did not answer: its process on this host; of another host,
-    only that no answer came (and whether that host's other ranks answered, i.e. it is up)."""
+    only that no answer came (and whether that host's other ranks answered, i.e. it is up). `answered`:
+    answered_by_host()."""
     if rank.host == here and rank.registered is not None:
         return answers.process_state(rank.registered)
-    answered = [r.rank for r in ranks.values() if r.host == rank.host and not r.silent()]
-    return f"no answer from node {rank.host}" + (f" ({ranks_phrase(answered)} on it answered)" if answered else "")
+    others = answered.get(rank.host, [])
+    return f"no answer from node {rank.host}" + (f" ({ranks_phrase(others)} on it answered)" if others else "")
 
 
 def silent_line(silent: list[Rank], ranks: dict[int, Rank], here: str, limit: int = 3) -> str:
     """'2 rank(s) did not answer: rank 5 on node2 (pid 42): stopped (T); ranks 8-15 on node3: no answer from ...'."""
+    answered = answered_by_host(ranks)
     alike: dict[tuple[str, str], list[Rank]] = {}
     for rank in silent:
-        alike.setdefault((rank.host, seen_of(rank, ranks, here)), []).append(rank)
+        alike.setdefault((rank.host, seen_of(rank, answered, here)), []).append(rank)
     shown = [
         f"{group[0].where() if len(group) == 1 else f'{ranks_phrase(r.rank for r in group)} on {host}'}: {seen}"
         for (host, seen), group in list(alike.items())[:limit]
@@ -211,8 +223,8 @@ def silent_lines(ranks: dict[int, Rank]) -> list[str]:
     silent = [rank for rank in ranks.values() if rank.silent()]
     if not silent:
         return []
-    here = socket.gethostname()
-    return [f"Did not answer (seen from {here}):", *(f"  {r.where()}: {seen_of(r, ranks, here)}" for r in silent)]
+    here, answered = socket.gethostname(), answered_by_host(ranks)
+    return [f"Did not answer (seen from {here}):", *(f"  {r.where()}: {seen_of(r, answered, here)}" for r in silent)]
 
 
 def collective_lines(collectives: list[Collective], ranks: dict[int, Rank] | None = None) -> list[str]:

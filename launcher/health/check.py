@@ -37,6 +37,7 @@ WARMUP, SAMPLES, CALLS = 2, 8, 2
 MATMUL_N, MATMUL_CALLS = 8192, 4
 COPY_BYTES, COPY_CALLS = 1 << 30, 2
 Pair = tuple[int, int]  # two nodes, by their index in the job, the lower first
+JOB = None  # the group of a part that every rank of the job is in, as a record names it (its group, its "ranks")
 Rates = tuple[float, float, list[float]]  # median, best, every sample
 SUSPECT = 0.9  # a node whose best pair is below 90% of the nodes' median is retested (judge.OUTLIER)
 # 2 x RETEST_CYCLES measurements of a suspect against as many of the reference: with 12 and 12 the report's rank test
@@ -81,6 +82,12 @@ class Record:
     def fail(self, error: BaseException) -> None:
         self.data["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
         self.write()
+
+
+def recorded_group(ranks: list[int], world: int) -> list[int] | None:
+    """A part's group as the records name it: JOB for the whole job, which every rank's record would otherwise list
+    rank by rank (at 4,096 ranks, 4,096 lists of 4,096 that the report reads)."""
+    return JOB if len(ranks) == world else ranks
 
 
 def node_ranks(hosts: list[str]) -> list[list[int]]:
@@ -241,16 +248,17 @@ class Check:
         largest = {}
         for op in ("all_reduce", "broadcast"):
             # Every node measures the same part at the same time: each sees the network as loaded as the others do.
-            self.record.enter(f"{prefix}.{op}", list(range(self.dist.get_world_size())), stage="barrier")
+            self.record.enter(f"{prefix}.{op}", JOB, stage="barrier")
             self.dist.barrier()
             if ranks is None:
                 continue
-            self.record.enter(f"{prefix}.{op}", ranks)
+            recorded = recorded_group(ranks, self.dist.get_world_size())
+            self.record.enter(f"{prefix}.{op}", recorded)
             median, best = {}, {}
             for size in sizes:  # ascending: the samples kept are the largest size's
                 median[str(size)], best[str(size)], samples = self.bus_bandwidth(op, size, ranks, group, count)
             largest[op], largest[f"{op} best"] = median[str(sizes[-1])], best[str(sizes[-1])]
-            result = {"ranks": ranks, "busbw_gb_s": median, "busbw_gb_s_best": best, "busbw_gb_s_samples": samples}
+            result = {"ranks": recorded, "busbw_gb_s": median, "busbw_gb_s_best": best, "busbw_gb_s_samples": samples}
             self.record.done({**extra, **result})
         return largest
 

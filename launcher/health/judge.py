@@ -107,24 +107,24 @@ def spread(value: float, best: float) -> float:
     return 1 - value / best if best else 0.0
 
 
-def outlier(value: float, values: list[float], spreads: list[float]) -> float | None:
-    """How far below the job's median `value` is, when that is more than 10% and more than the job's samples
-    typically spread (noise is no outlier: on GPUs samples agree to a few percent, gloo on a shared CPU's do not);
-    else None. A median of 0 (most GPUs with no memory free) leaves nothing to be below."""
-    median = statistics.median(values)
+def outlier(value: float, median: float, noise: float) -> float | None:
+    """How far below the job's `median` `value` is, when that is more than 10% and more than `noise`, how far the
+    job's samples typically spread (noise is no outlier: on GPUs samples agree to a few percent, gloo on a shared
+    CPU's do not); else None. A median of 0 (most GPUs with no memory free) leaves nothing to be below."""
     if median <= 0:
         return None
     below = 1 - value / median
-    return below if below > max(1 - OUTLIER, statistics.median(spreads)) else None
+    return below if below > max(1 - OUTLIER, noise) else None
 
 
 def outliers(measured: dict) -> dict:
     """{who: (how far below, the median)} of the figures {who: (median sample, best sample)} that are outliers."""
     if len(measured) < 2:
         return {}
-    medians, spreads = [v for v, _ in measured.values()], [spread(*figures) for figures in measured.values()]
-    found = {who: outlier(value, medians, spreads) for who, (value, _) in measured.items()}
-    return {who: (below, statistics.median(medians)) for who, below in found.items() if below is not None}
+    median = statistics.median(value for value, _ in measured.values())
+    noise = statistics.median(spread(*figures) for figures in measured.values())
+    found = {who: outlier(value, median, noise) for who, (value, _) in measured.items()}
+    return {who: (below, median) for who, below in found.items() if below is not None}
 
 
 def flag_outliers(nodes: list[Node], records: dict[int, dict]) -> None:
@@ -252,7 +252,7 @@ def blame(late: list[int], records: dict[int, dict], layout: Layout, nodes: dict
             waited = deadline(part, timeout)
             nodes[layout.host(rank)].fail("blocked", f"rank {rank} waited {waited:g} s in {describe(part)}")
             continue
-        hosts = sorted({layout.host(m) for m in members}, key=layout.hosts.index)
+        hosts = sorted({layout.host(m) for m in members}, key=layout.index.__getitem__)
         what = f"{describe(part)} did not finish within {deadline(part, timeout):g} s (ranks {ranges(members)})"
         if part == "start" or 1 < len(hosts) == len(layout.hosts):
             job = f"{what}: every rank was in it, and no node outside it tells which one is at fault"

@@ -16,6 +16,9 @@ class Layout:
     hosts: list[str]  # in rank order
     per_node: int
 
+    def __post_init__(self) -> None:
+        self.index = {host: index for index, host in reversed(list(enumerate(self.hosts)))}  # the first, as .index
+
     @property
     def world(self) -> int:
         return len(self.hosts) * self.per_node
@@ -24,7 +27,7 @@ class Layout:
         return self.hosts[rank // self.per_node]
 
     def ranks(self, host: str) -> list[int]:
-        first = self.hosts.index(host) * self.per_node
+        first = self.index[host] * self.per_node
         return list(range(first, first + self.per_node))
 
 
@@ -92,9 +95,14 @@ def largest(bandwidth: dict[str, float]) -> float | None:
 
 
 def part_results(records: dict[int, dict], ranks: list[int], part: str) -> list[dict]:
-    """The results of a collective part on every member of the group that the first of `ranks` in it was in."""
-    group = next((records[r]["results"][part]["ranks"] for r in ranks if part in records[r]["results"]), [])
-    return [records[rank]["results"][part] for rank in group if part in records.get(rank, {}).get("results", {})]
+    """The results of a collective part on every member of the group that the first of `ranks` in it was in (a
+    group of None: the whole job, launcher/health/check.py's JOB)."""
+    holder = next((r for r in ranks if part in records[r]["results"]), None)
+    if holder is None:
+        return []
+    group = records[holder]["results"][part]["ranks"]
+    members = sorted(records) if group is None else group
+    return [records[rank]["results"][part] for rank in members if part in records.get(rank, {}).get("results", {})]
 
 
 def link_figures(records: dict[int, dict], ranks: list[int], part: str) -> tuple[float | None, float | None]:
@@ -121,7 +129,7 @@ def retests(records: dict[int, dict]) -> list[dict]:
     measured: dict[tuple[str, tuple[int, ...]], dict] = {}
     for record in records.values():
         for part, result in record["results"].items():
-            key = (part, tuple(result.get("ranks", ())))
+            key = (part, tuple(result.get("ranks") or ()))
             if not part.startswith("retest.") or "suspect" not in result or key in measured:
                 continue
             figure = link_figures(records, result["ranks"], part)[1]

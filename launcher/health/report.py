@@ -39,20 +39,24 @@ def on_stop(signum: int, _frame: object) -> None:
     raise StopRequestedError(signal.Signals(signum).name)
 
 
-def supervise(process: subprocess.Popen, health: Path, world: int, timeout: float) -> tuple[str, list[int]]:
+Records = dict[int, dict]
+
+
+def supervise(process: subprocess.Popen, health: Path, world: int, timeout: float) -> tuple[str, list[int], Records]:
     """Until every rank finished ("finished"), the launch ended first ("exited"), or ranks overstayed a part's
-    deadline ("deadline", those ranks). A part's clock starts when this host first sees a rank in it (the start's
-    at the launch), so the clocks of other hosts never matter."""
+    deadline ("deadline", those ranks); and the records read last. A part's clock starts when this host first sees a
+    rank in it (the start's at the launch), so the clocks of other hosts never matter."""
     started = time.monotonic()
     seen: dict[int, tuple[str, float]] = {}
-    records: dict[int, dict] = {}
+    records: Records = {}
     while True:
+        ended = process.poll() is not None  # before the read: a rank that finished before the end is in it
         records = read_records(health, world, records)
         now = time.monotonic()
         if len(records) == world and all(record["finished"] for record in records.values()):
-            return "finished", []
-        if process.poll() is not None:
-            return "exited", []
+            return "finished", [], records
+        if ended:
+            return "exited", [], records
         late = []
         for rank in range(world):
             record = records.get(rank, {})
@@ -64,7 +68,7 @@ def supervise(process: subprocess.Popen, health: Path, world: int, timeout: floa
             if now - seen[rank][1] > deadline(part, timeout):
                 late.append(rank)
         if late:
-            return "deadline", late
+            return "deadline", late, records
         time.sleep(POLL_S)
 
 
@@ -83,21 +87,22 @@ def stop(process: subprocess.Popen, finishing: bool) -> None:
         process.wait()
 
 
-def launch(command: list[str], health: Path, world: int, timeout: float) -> tuple[str, list[int]]:
-    """Runs the launch to its outcome (stopped: srun.sh got a stop signal) and the ranks past a deadline."""
+def launch(command: list[str], health: Path, world: int, timeout: float) -> tuple[str, list[int], Records]:
+    """Runs the launch to its outcome (stopped: srun.sh got a stop signal); the ranks past a deadline, and the records
+    read last (the finished ones need no second read)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_stop)
     process = subprocess.Popen(command)
-    outcome, late = "stopped", []
+    outcome, late, records = "stopped", [], {}
     try:
-        outcome, late = supervise(process, health, world, timeout)
+        outcome, late, records = supervise(process, health, world, timeout)
     except StopRequestedError:
         pass  # outcome stays "stopped"
     finally:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)  # the stop below must not be cut short
         stop(process, finishing=outcome == "finished")
-    return outcome, late
+    return outcome, late, records
 
 
 def run(run_dir: Path, timeout_s: float, nodes: list[str], ranks_per_node: int, launch_command: list[str]) -> int:
@@ -110,9 +115,9 @@ def run(run_dir: Path, timeout_s: float, nodes: list[str], ranks_per_node: int, 
     layout, timeout = Layout(nodes, ranks_per_node), float(timeout_s)
     started = time.monotonic()
     try:
-        outcome, late = launch(launch_command, health, layout.world, timeout)
+        outcome, late, known = launch(launch_command, health, layout.world, timeout)
         seconds = time.monotonic() - started
-        result = Run(run_dir, layout, read_records(health, layout.world), outcome, late, timeout, seconds)
+        result = Run(run_dir, layout, read_records(health, layout.world, known), outcome, late, timeout, seconds)
         verdicts, job = judge(result)
         print("\n".join(console(result, verdicts, job)), flush=True)  # stdout, as a launch's is the ranks' output
         return 0 if write_results(result, verdicts, job) else 1

@@ -1,0 +1,443 @@
+"""What the launching host does for a job of N ranks (8 a node), timed on the run folder such a job leaves: no GPU,
+no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, with the writers a real run uses, and
+every host-side step then runs on them as one process, timed from its start to its end, with its peak memory (its
+own and its children's, wait4's):
+
+- health report: launcher/health/report.py with the check's launch (a stand-in moves the ranks' records into place
+  and ends); the launch's own seconds are left out;
+- hang report: launcher/hang/report.py --stalled, from the request to hang-report.txt and its console lines; a
+  stand-in scancel hands over the ranks' answers (stacks, NCCL flight recorder records of 2,000 entries, answers);
+  the answers' wait (the signal and the wait for a rank that never answers) is left out;
+- first-failure report: the supervisor's, on every rank's status and the first failed rank's 10,000-line log;
+- dry run: ./srun.sh --dry-run inside an allocation of N/8 nodes (SLURM_JOB_NODELIST=node[0001-...]): the preflight,
+  the node list through SLURM's own scontrol, the srun command;
+- launch plan written: ./srun.sh in the same allocation, srun a stand-in that ends at once: launch-plan.json;
+- launch plan read: launch-plan.json back into a LaunchPlan.
+
+Each fault must still be named right, as the tests assert it: the one rank of N missing from the all-reduce every
+other rank waits in and the one rank that never answered (hang report), the rank that failed first among N that were
+then stopped (first-failure report), the capped node among N/8 (health report; on fewer than 3 nodes a slow GPU).
+A wrong verdict fails the run (exit 1). The table gives seconds and peak memory, and the growth exponent of the
+seconds between sizes, log(t2/t1) / log(N2/N1).
+
+Disk: the tree of 16,384 ranks takes about 8 GB (its flight recorder records most of it; the stopped ranks' logs are
+hard links of one file) and 4,096 ranks about 2 GB; each tree is removed once measured (--keep keeps them). The
+host steps run under `python3 -S` (the standard library only, as on a launching host without the training stack:
+where torch is importable, the hang report also runs torchfrtrace, up to 120 s, which this does not time); srun.sh
+runs the python3 on PATH. SLURM's scontrol must be installed (its `show hostnames` needs no controller); a stand-in
+answers `scontrol show config` as a controller would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import report, scale_tree
+from bench.scale_job import PER_NODE, Job, Tree, faults
+from launcher.hang.collectives import ranges
+from launcher.host.first_failure import LINES_SHOWN
+from launcher.host.preflight import knob_names
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = (8, 64, 512, 4_096, 16_384)
+# Issue 47's limits: seconds at 4,096 ranks, and memory of any step at 16,384.
+LIMITS_S = {"health report": 5.0, "hang report": 15.0, "first-failure report": 3.0, "dry run": 2.0}
+LIMIT_AT, MEMORY_AT, MEMORY_LIMIT = 4_096, 16_384, 2 << 30
+HOST = [sys.executable, "-S", str(REPO / "bench" / "scale_host.py")]
+RECIPE = REPO / "recipes" / "llama3_8b_pretrain.py"
+HEALTH_END_S = 0.5  # how long the check's launch takes to end after its ranks finished
+
+
+@dataclasses.dataclass
+class Ran:
+    """One step's run: exit status, seconds (less what the step set aside), peak memory, and what it said."""
+
+    status: int
+    seconds: float
+    peak_bytes: int
+    stdout: str
+    stderr: str
+    set_aside_s: float = 0.0
+
+
+@dataclasses.dataclass
+class World:
+    """One size's tree and the world its steps run in."""
+
+    tree: Tree
+    job: Job
+    args: argparse.Namespace
+
+    @property
+    def bin(self) -> Path:
+        return self.tree.root / "bin"
+
+    def env(self, slurm: bool = False) -> dict[str, str]:
+        """This process's environment without SLURM's, srun.sh's and torch's launch variables (and the knobs' old
+        names); the stand-ins first on PATH; with SLURM: inside an allocation of the job's nodes."""
+        old = {name.removeprefix("SRUNSH_") for name in knob_names()}
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith(("SLURM_", "SRUNSH_")) and name not in old | {"MASTER_ADDR", "MASTER_PORT"}
+        }
+        env |= {"PATH": f"{self.bin}:{env.get('PATH', '')}", "SLURM_CONF": str(self.tree.root / "slurm.conf")}
+        if slurm:
+            nodes = self.job.nodes
+            env |= {"SLURM_JOB_ID": scale_tree.JOB_ID, "SLURM_JOB_NODELIST": self.job.node_list}
+            env |= {"SLURM_JOB_NUM_NODES": str(nodes), "SLURM_NNODES": str(nodes), "SLURM_GPUS_PER_NODE": "8"}
+            env |= {"SLURM_JOB_CPUS_PER_NODE": f"96(x{nodes})", "MASTER_ADDR": "10.0.0.1"}
+            env |= {"SRUNSH_SQSH": str(self.tree.root / "image.sqsh"), "SRUNSH_OUTPUT_ROOT": str(self.outputs)}
+            env |= {"SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,{self.tree.root}:{self.tree.root}"}
+        return env
+
+    @property
+    def outputs(self) -> Path:
+        return self.tree.root / "outputs"
+
+
+def write_stand_ins(world: World) -> None:
+    """scancel (the ranks answer), scontrol (`show config` as a controller answers it; the rest SLURM's own), srun
+    (the ranks end at once), and what srun.sh's allocation needs: a SLURM configuration and an image."""
+    world.bin.mkdir(parents=True)
+    real = shutil.which("scontrol") or "/usr/bin/scontrol"
+    host = " ".join(HOST)
+    stand_ins = {
+        "scancel": f"exec {host} answer {world.tree.staged_answers} {world.tree.run_dir / 'hang'}\n",
+        "scontrol": (
+            'if [ "$1 $2" = "show config" ]; then\n'
+            f"  printf 'KillWait = 30 sec\\nPlugStackConfig = {world.tree.root}/plugstack.conf\\n'\n"
+            "  exit 0\nfi\n"
+            f'exec {real} "$@"\n'
+        ),
+        "srun": "exit 0\n",
+    }
+    for name, body in stand_ins.items():
+        path = world.bin / name
+        path.write_text(f"#!/bin/sh\n# bench/bench_scale.py's stand-in {name}\n{body}")
+        path.chmod(0o755)
+    (world.tree.root / "slurm.conf").write_text("ClusterName=bench\nSlurmctldHost=localhost\n")
+    (world.tree.root / "plugstack.conf").write_text("required /usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so\n")
+    (world.tree.root / "image.sqsh").write_bytes(b"hsqs" + bytes(60))
+
+
+def run_measured(command: list[str], env: dict[str, str], cwd: Path, args: argparse.Namespace) -> Ran:
+    """COMMAND, timed, with its peak memory, under a memory limit (bench/scale_host.py's measure); killed, with
+    everything it started, past --step-timeout."""
+    limit = str(int(args.memory_limit_gb * 2**30))
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as folder:
+        measured = Path(folder) / "measured.json"
+        spawner = [*HOST, "measure", str(measured), limit, "--", *command]
+        process = subprocess.Popen(spawner, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
+        try:
+            process.wait(timeout=args.step_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (file.read().decode(errors="replace") for file in (out, err))
+        result = json.loads(read(measured) or '{"status": -9, "seconds": 0, "peak_bytes": 0}')
+    return Ran(result["status"], result["seconds"], result["peak_bytes"], stdout, stderr)
+
+
+def set_aside(ran: Ran, path: Path) -> Ran:
+    """RAN less the seconds its step wrote to PATH as not its own."""
+    ran.set_aside_s = json.loads(path.read_text()) if path.exists() else 0.0
+    ran.seconds -= ran.set_aside_s
+    return ran
+
+
+# ---- the steps and their verdicts -------------------------------------------------------------------------------
+def health_step(world: World) -> Ran:
+    tree, job = world.tree, world.job
+    spent = tree.root / "health-spent.json"
+    launch = [*HOST, "health-launch", str(tree.staged_health), str(tree.run_dir / "health"), str(HEALTH_END_S)]
+    command = [*HOST, "health-report", str(spent), "--", str(tree.run_dir), "--timeout", "60", "--nodes"]
+    command += [",".join(job.hosts), "--ranks-per-node", str(PER_NODE), "--", *launch]
+    return set_aside(run_measured(command, world.env(), tree.root, world.args), spent)
+
+
+def health_verdict(world: World, ran: Ran) -> str:
+    """The one slow node, named as docs/health.md says: its reasons with the fix, the verdict line, failed-nodes."""
+    job, run_dir = world.job, world.tree.run_dir
+    host = job.slow_host
+    lines = ran.stdout.splitlines()
+    verdict = f"srun.sh: health check failed on 1 of {job.nodes} node(s): {host} (salloc/sbatch --exclude={host});"
+    problems = expect(ran.status, 1, "exit status") + expect(lines[-1:], [f"{verdict} {run_dir}/health.json"], "end")
+    problems += expect(read(run_dir / "health" / "failed-nodes"), f"{host}\n", "failed-nodes")
+    fix = rf"srun\.sh: {host}: (.*): exclude it: --exclude={host}"
+    reasons = [found.group(1) for line in lines if (found := re.fullmatch(fix, line))]
+    if job.link_fault:
+        link = r"pair {} with node\d+ and node\d+ [\d.]+ GB/s is \d+% below node\d+-node\d+'s [\d.]+ \(the median best"
+        link += r" sample of 12 and 12 retests\); noise ranks them so in [\d.e-]+ of checks"
+        wanted = [link.format("all-reduce"), link.format("broadcast")]
+    else:
+        wanted = [rf"rank {job.slow_gpu}: bf16 matmul [\d.]+ is 23% below the median [\d.]+"]
+    if len(reasons) != len(wanted) or not all(map(re.fullmatch, wanted, reasons)):
+        problems += f"reasons {reasons}, not {wanted}; "
+    return problems
+
+
+def hang_step(world: World) -> Ran:
+    tree, job = world.tree, world.job
+    spent = tree.root / "hang-spent.json"
+    command = [*HOST, "hang-report", str(spent), str(world.args.answer_wait_s), "--", str(tree.run_dir), "--why"]
+    command += [scale_tree.why(job), "--world-size", str(job.ranks), "--nodes", ",".join(job.hosts)]
+    command += ["--ranks-per-node", str(PER_NODE), "--step", scale_tree.STEP, "--stalled"]
+    return set_aside(run_measured(command, world.env(), tree.root, world.args), spent)
+
+
+def hang_verdict(world: World, ran: Ran) -> str:
+    """The console's three lines and the report's "not in it" lines, as tests/test_hang_report.py words them."""
+    job, path = world.job, world.tree.run_dir / "hang-report.txt"
+    missing, silent = job.missing, job.silent
+    node = job.host(silent)
+    peers = [rank for rank in range(job.ranks) if job.host(rank) == node and rank != silent]
+    waiting = ranges(rank for rank in range(job.ranks) if rank not in (missing, silent))
+    seq = 2 * (scale_tree.LAST_STEP + 1)
+    said = f"{'rank' if len(peers) == 1 else 'ranks'} {ranges(peers)} on it answered"
+    console = [
+        f"srun.sh: hang report ({scale_tree.why(job)}): 1 rank(s) did not answer: rank {silent} on {node}"
+        f" (pid {4000 + silent}): no answer from node {node} ({said})",
+        f"srun.sh:   ranks {waiting} wait in nccl:all_reduce #{seq} of process group 0 (default_pg, ranks"
+        f" 0-{job.ranks - 1}); 2 rank(s) not in it",
+        f"srun.sh:   every rank's top frames and torch's analysis: {path}",
+    ]
+    outside = {
+        missing: f"    not in it: rank {missing} on {job.host(missing)} (pid {4000 + missing}), last step"
+        f" {scale_tree.LAST_STEP}: at {scale_tree.MISSING_AT}",
+        silent: f"    not in it: rank {silent} on {node} (pid {4000 + silent}): no answer",
+    }
+    text = read(path).splitlines()
+    found = [line for line in text if line.startswith("    not in it: ")]
+    return expect(ran.stderr.splitlines(), console, "console") + expect(found, [outside[r] for r in sorted(outside)])
+
+
+def failure_step(world: World) -> Ran:
+    scale_tree.write_statuses(world.tree.run_dir, world.job)
+    command = [*HOST, "first-failure", str(world.tree.run_dir)]
+    return run_measured(command, world.env(), world.tree.root, world.args)
+
+
+def failure_verdict(world: World, ran: Ran) -> str:
+    job, logs = world.job, world.tree.run_dir / "logs"
+    log = logs / f"rank-{job.failed}.log"
+    head = f"srun.sh: rank {job.failed} on {job.host(job.failed)} failed first, with exit status 1; the end of {log}:"
+    tail = [f"    {line}" for line in read(log).splitlines()[-LINES_SHOWN:]]
+    return expect(ran.status, 1, "exit status") + expect(ran.stderr.splitlines(), [head, *tail], "console")
+
+
+def dry_run_step(world: World) -> Ran:
+    command = [str(REPO / "srun.sh"), "--dry-run", str(RECIPE), "train.train_iters=1000"]
+    return run_measured(command, world.env(slurm=True), world.tree.root, world.args)
+
+
+def dry_run_verdict(world: World, ran: Ran) -> str:
+    job = world.job
+    srun = [line for line in ran.stdout.splitlines() if line.startswith("srun ")]
+    wanted = f"srun --nodes={job.nodes} --ntasks={job.ranks} --ntasks-per-node={PER_NODE} "
+    problems = expect(ran.status, 0, "exit status") + expect(len(srun), 1, "srun lines")
+    return problems + ("" if srun and srun[0].startswith(wanted) else f"srun line {srun}, not {wanted}...; ")
+
+
+def launch_step(world: World) -> Ran:
+    command = [str(REPO / "srun.sh"), str(RECIPE), "train.train_iters=1000"]
+    return run_measured(command, world.env(slurm=True), world.tree.root, world.args)
+
+
+def plan_path(world: World) -> Path:
+    plans = list((world.outputs / RECIPE.stem).glob("*/launch-plan.json"))
+    return plans[0] if len(plans) == 1 else world.outputs / "no launch plan"
+
+
+def launch_verdict(world: World, ran: Ran) -> str:
+    hosts = json.loads(read(plan_path(world)) or "{}").get("hosts")
+    return expect(ran.status, 0, "exit status") + expect(hosts, world.job.hosts, "the plan's hosts")
+
+
+def plan_step(world: World) -> Ran:
+    return run_measured([*HOST, "read-plan", str(plan_path(world))], world.env(), world.tree.root, world.args)
+
+
+def plan_verdict(world: World, ran: Ran) -> str:
+    return expect(ran.stdout, f"{world.job.nodes} node(s) x {PER_NODE} rank(s)\n", "plan")
+
+
+STEPS: dict[str, tuple[Callable[[World], Ran], Callable[[World, Ran], str]]] = {
+    "health report": (health_step, health_verdict),
+    "hang report": (hang_step, hang_verdict),
+    "first-failure report": (failure_step, failure_verdict),
+    "dry run": (dry_run_step, dry_run_verdict),
+    "launch plan written": (launch_step, launch_verdict),
+    "launch plan read": (plan_step, plan_verdict),
+}
+
+
+def expect(got: object, wanted: object, what: str = "lines") -> str:
+    """ "" when GOT is WANTED; else what differs, in a few words."""
+    if got == wanted:
+        return ""
+    if isinstance(got, list) and isinstance(wanted, list):
+        differ = [(g, w) for g, w in zip(got, wanted, strict=False) if g != w][:1] or [(got[-1:], wanted[-1:])]
+        return (
+            f"{what}: {len(got)} of them, not {len(wanted)}; first difference {differ[0][0]!r}, not {differ[0][1]!r}; "
+        )
+    return f"{what} {str(got)[:300]!r}, not {str(wanted)[:300]!r}; "
+
+
+def read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def disk_bytes(root: Path) -> int:
+    """What ROOT takes on disk, each file once however many links it has."""
+    seen, total = set(), 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            info = os.lstat(os.path.join(folder, name))
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_blocks * 512
+    return total
+
+
+def measure(job: Job, args: argparse.Namespace) -> dict:
+    """Build JOB's tree, run every step on it; the numbers and the verdicts."""
+    ranks = job.ranks
+    root = Path(tempfile.mkdtemp(prefix=f"bench-scale-{ranks}-", dir=args.work))
+    world = World(Tree(root), job, args)
+    try:
+        started = time.monotonic()
+        write_stand_ins(world)
+        scale_tree.build(world.tree, job)
+        result = {"ranks": ranks, "nodes": job.nodes, "build_s": round(time.monotonic() - started, 1)}
+        result |= {"disk_mb": round(disk_bytes(root) / 2**20), "faults": dataclasses.asdict(job), "steps": {}}
+        for name, (step, verdict) in STEPS.items():
+            ran = step(world)
+            wrong = verdict(world, ran) or ("" if ran.status in (0, 1) else f"exit status {ran.status}; ")
+            result["steps"][name] = {
+                "seconds": round(ran.seconds, 3), "set_aside_s": round(ran.set_aside_s, 2),
+                "peak_mb": round(ran.peak_bytes / 2**20, 1), "status": ran.status, "wrong": wrong,
+                **({"stderr": ran.stderr[-2000:]} if wrong else {}),
+            }  # fmt: skip
+            print(f"{ranks} ranks: {name}: {ran.seconds:.2f} s, {ran.peak_bytes / 2**20:.0f} MB {wrong}", flush=True)
+        return result
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def exponent(first: dict, second: dict, name: str) -> float | None:
+    """log(t2/t1) / log(N2/N1) of a step's seconds between two sizes."""
+    t1, t2 = first["steps"][name]["seconds"], second["steps"][name]["seconds"]
+    if t1 <= 0 or t2 <= 0:
+        return None
+    return round(math.log(t2 / t1) / math.log(second["ranks"] / first["ranks"]), 2)
+
+
+def growth(sizes: list[dict]) -> dict[str, dict[str, float | None]]:
+    """Each step's exponent between each pair of consecutive sizes measured, "N1-N2": exponent."""
+    pairs = list(itertools.pairwise(sizes))
+    return {name: {f"{a['ranks']}-{b['ranks']}": exponent(a, b, name) for a, b in pairs} for name in STEPS}
+
+
+def markdown(result: dict) -> str:
+    sizes = result["sizes"]
+    how = (
+        "Each step one process: seconds from its start to its end (less what it waits for the ranks), peak memory"
+        f" (its own and its children's). `python3 -m bench.bench_scale`; faults placed by seed {result['seed']}."
+    )
+    lines = [f"# The launching host at scale, {result['date']}", "", f"{result['host']}. {how}", ""]
+    lines += report.table(("step", *(f"{s['ranks']:,} ranks" for s in sizes), f"limit at {LIMIT_AT:,}"))
+    for name in STEPS:
+        cells = []
+        for size in sizes:
+            step = size["steps"][name]
+            wrong = " **wrong verdict**" if step["wrong"] else ""
+            cells.append(f"{step['seconds']:.2f} s, {step['peak_mb']:.0f} MB{wrong}")
+        limit = LIMITS_S.get(name)
+        lines.append(report.row([name, *cells, f"{limit:g} s" if limit else None]))
+    lines.append(
+        report.row(["tree: build, disk", *(f"{s['build_s']:.0f} s, {s['disk_mb']:,} MB" for s in sizes), None])
+    )
+    pairs = list(itertools.pairwise(sizes))
+    if pairs:
+        lines += ["", "Growth exponent of the seconds, log(t2/t1) / log(N2/N1):", ""]
+        lines += report.table(("step", *(f"{a['ranks']:,} to {b['ranks']:,}" for a, b in pairs)))
+        lines += [report.row([name, *by_pair.values()]) for name, by_pair in result["growth"].items()]
+    wrong = [
+        f"{s['ranks']} ranks, {n}: {step['wrong']}" for s in sizes for n, step in s["steps"].items() if step["wrong"]
+    ]
+    lines += ["", "Verdicts: " + ("; ".join(wrong) if wrong else "every fault named right at every size.")]
+    return "\n".join(lines) + "\n"
+
+
+def host_line() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in read(Path("/proc/cpuinfo")).splitlines()
+                  if line.startswith("model name")), "CPU")  # fmt: skip
+    python = shutil.which("python3") or "python3"
+    version = subprocess.run([python, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{os.cpu_count()} cores ({model}), {memory:.0f} GB; host steps under {sys.executable} -S; srun.sh's"
+        f" python3: {version}"
+    )
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = report.parser("bench_scale", __doc__)
+    parser.add_argument("--ranks", type=report.positive, action="append", help="a size to measure (a multiple of 8;"
+                        f" again for more); default: {', '.join(map(str, SIZES))}")  # fmt: skip
+    parser.add_argument("--work", type=Path, help="where the trees are built (default: the system's temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep each tree")
+    parser.add_argument("--seed", type=int, default=47, help="where the faults are (default: 47)")
+    parser.add_argument(
+        "--answer-wait-s",
+        type=float,
+        default=10.0,
+        help="how long the hang report waits for the"
+        " rank that never answers (default: its own, 10 s; left out of its seconds either way)",
+    )
+    parser.add_argument("--memory-limit-gb", type=float, default=8.0, help="address space of a step (default: 8)")
+    parser.add_argument("--step-timeout", type=float, default=600.0, help="seconds a step may take (default: 600)")
+    args = parser.parse_args(argv)
+    args.ranks = sorted(set(args.ranks or SIZES))
+    if bad := [size for size in args.ranks if size % PER_NODE]:
+        parser.error(f"--ranks {bad[0]}: not a multiple of {PER_NODE} (ranks a node)")
+    if args.work:
+        args.work.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    result = {"date": report.timestamp(), "host": host_line(), "seed": args.seed, "sizes": []}
+    for ranks in args.ranks:
+        result["sizes"].append(measure(faults(ranks, args.seed), args))
+        result["growth"] = growth(result["sizes"])
+        table = report.write(args.out / "scale", result, markdown)
+    print(table)
+    wrong = any(step["wrong"] for size in result["sizes"] for step in size["steps"].values())
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

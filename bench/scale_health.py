@@ -1,0 +1,158 @@
+"""The health check's records of the simulated job (bench/scale_job.py), written by launcher/health/check.py's Record
+through every part of Check.run as a rank runs them: the GPU figures, the node, pair, retest and job-wide collectives,
+with 1% noise, and every pair of the slow node capped (on fewer than 3 nodes, one slow GPU instead)."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from bench.scale_job import PER_NODE, Job
+from launcher.health import check
+
+GPU_FIGURES = {"matmul": 780.0, "hbm": 4.3}
+LINK_FIGURES = {"node.all_reduce": 360.0, "node.broadcast": 350.0, "pair.all_reduce": 95.0, "pair.broadcast": 94.0}
+LINK_FIGURES |= {"job.all_reduce": 90.0, "job.broadcast": 45.0}
+CAPPED = 40.0  # GB/s of every pair of the slow node
+
+
+def noisy(key: str, mean: float, count: int) -> list[float]:
+    """`count` samples of a figure around `mean` (1% noise, the same for the same key in every process)."""
+    rng = random.Random(key)
+    return [mean * (1 + rng.uniform(-0.01, 0.01)) for _ in range(count)]
+
+
+def link_rates(job: Job, part: str, ranks: list[int], rank: int, *, sizes: tuple[int, ...], count: int) -> dict:
+    """A collective part's result on `rank` as check.py's Check.collectives records it: bus bandwidth at each size
+    (latency costs the smaller ones), its best sample and every sample at the largest."""
+    stage, op = part.split(".", 1)[0], part.rsplit(".", 1)[1]
+    nodes = {member // PER_NODE for member in ranks}
+    kind = "node" if stage == "node" else "job" if stage == "job" else "pair"
+    figure = CAPPED if job.link_fault and kind == "pair" and job.slow_node in nodes else LINK_FIGURES[f"{kind}.{op}"]
+    median, best, samples = {}, {}, []
+    for size in sizes:
+        work = size * check.bus_factor(op, len(ranks)) / 1e9
+        latency = 2e-5 * (len(nodes) if kind == "job" else 1)
+        seconds = [work / value + latency for value in noisy(f"{part}-{size}-{rank}", figure, count)]
+        median[str(size)], best[str(size)], samples = check.rates(work, seconds)
+    return {"ranks": ranks, "busbw_gb_s": median, "busbw_gb_s_best": best, "busbw_gb_s_samples": samples}
+
+
+def gpu_result(job: Job, rank: int) -> dict:
+    matmul = GPU_FIGURES["matmul"] * (0.77 if not job.link_fault and rank == job.slow_gpu else 1.0)
+    work = 2 * check.MATMUL_N**3 / 1e12
+    rates = check.rates(work, [work / value for value in noisy(f"matmul-{rank}", matmul, check.SAMPLES)])
+    copy = 2 * check.COPY_BYTES / 1e12
+    hbm = check.rates(copy, [copy / value for value in noisy(f"hbm-{rank}", GPU_FIGURES["hbm"], check.SAMPLES)])
+    result = {"applicable": True, "visible": PER_NODE, "device": rank % PER_NODE, "name": "NVIDIA H200"}
+    result |= {"uuid": f"GPU-{rank:08x}-5f1e-4c2a-9b7d-{rank:012x}", "free_gib": 139.3, "total_gib": 139.8}
+    result |= dict(zip(("matmul_tflops", "matmul_tflops_best", "matmul_tflops_samples"), rates, strict=True))
+    return result | dict(zip(("hbm_tb_s", "hbm_tb_s_best", "hbm_tb_s_samples"), hbm, strict=True))
+
+
+def pair_figures(job: Job) -> dict[str, dict[tuple[int, int], float]]:
+    """What Check.pair_figures gathers from every rank: each pair of nodes' figure per op (and "op best"), its
+    slowest member's."""
+    nodes = check.node_ranks(job_host_list(job))
+    figures: dict[str, dict[tuple[int, int], float]] = {}
+    for round_ in range(math.ceil(math.log2(job.nodes))):
+        for a, b in check.round_pairs(job.nodes, round_):
+            ranks = check.pair_ranks(nodes, a, b)
+            for op in ("all_reduce", "broadcast"):
+                part = f"pair.{round_}.{op}"
+                results = [
+                    link_rates(job, part, ranks, rank, sizes=check.GPU_SIZES, count=check.SAMPLES) for rank in ranks
+                ]
+                largest = str(check.GPU_SIZES[-1])
+                figures.setdefault(op, {})[a, b] = min(r["busbw_gb_s"][largest] for r in results)
+                figures.setdefault(f"{op} best", {})[a, b] = min(r["busbw_gb_s_best"][largest] for r in results)
+    return figures
+
+
+def job_host_list(job: Job) -> list[str]:
+    """Every rank's host, as the check's start gathers them."""
+    return [job.host(rank) for rank in range(job.ranks)]
+
+
+def health_plan(job: Job) -> list[list[tuple[int, str, tuple[int, int]]]]:
+    """The retests every rank plans from the pair figures (check.py's retest_plan), none on fewer than 3 nodes."""
+    if job.nodes <= 2:
+        return []
+    return check.retest_plan({op: check.best_pairs(pairs) for op, pairs in pair_figures(job).items()})
+
+
+class StagedRecord(check.Record):
+    """check.py's Record, written once, when the rank finishes: the report reads the finished record, and the
+    check's writes at every part are what its polls read meanwhile, which this bench does not time."""
+
+    def write(self) -> None:
+        if self.data["finished"]:
+            super().write()
+
+
+def sit_out_or_measure(
+    record: check.Record,
+    job: Job,
+    rank: int,
+    prefix: str,
+    ranks: list[int] | None,
+    *,
+    extra: dict,
+    retest: bool = False,
+) -> None:
+    """Check.collectives on one rank: each op after the job-wide barrier, measured among `ranks` (None: sat out)."""
+    sizes, count = (check.GPU_SIZES[-1:], check.RETEST_SAMPLES) if retest else (check.GPU_SIZES, check.SAMPLES)
+    for op in ("all_reduce", "broadcast"):
+        record.enter(f"{prefix}.{op}", check.JOB, stage="barrier")
+        if ranks is None:
+            continue
+        recorded = check.recorded_group(ranks, job.ranks)
+        record.enter(f"{prefix}.{op}", recorded)
+        record.done(
+            {**extra, **link_rates(job, f"{prefix}.{op}", ranks, rank, sizes=sizes, count=count), "ranks": recorded}
+        )
+
+
+def write_health_rank(health: Path, job: Job, rank: int, plan: list) -> None:
+    """`rank`'s health record through every part of Check.run, written as check.py's Record writes it."""
+    identity = {"rank": rank, "local_rank": rank % PER_NODE, "host": job.host(rank), "pid": 4000 + rank}
+    record = StagedRecord(health / f"rank-{rank}.json", identity)
+    record.enter("start", stage="importing torch")
+    record.stage("rendezvous")
+    record.done({"backend": "nccl", "world_size": job.ranks})
+    record.enter("gpu", [rank])
+    record.stage("matmul")
+    record.stage("hbm copy")
+    record.done(gpu_result(job, rank))
+    hosts = job_host_list(job)
+    nodes = check.node_ranks(hosts)
+    mine = rank // PER_NODE
+    record.enter("node.all_reduce", nodes[mine], stage="group")
+    sit_out_or_measure(record, job, rank, "node", nodes[mine], extra={})
+    for round_, partner in check.pair_rounds(job.nodes, mine):
+        ranks = check.pair_ranks(nodes, mine, partner) if partner is not None else None
+        record.enter(f"pair.{round_}.all_reduce", ranks, stage="group")
+        extra = {"partner": hosts[nodes[partner][0]]} if partner is not None else {}
+        sit_out_or_measure(record, job, rank, f"pair.{round_}", ranks, extra=extra)
+    write_retests(record, job, rank, plan)
+    if job.nodes > 1:
+        sit_out_or_measure(record, job, rank, "job", list(range(job.ranks)), extra={})
+    record.finish()
+
+
+def write_retests(record: check.Record, job: Job, rank: int, plan: list) -> None:
+    """Check.retests on one rank: its part of each step of the plan."""
+    if plan:
+        record.enter("retest.0.all_reduce", None, stage="group")
+    name, mine = job.hosts, rank // PER_NODE
+    nodes = check.node_ranks(job_host_list(job))
+    for index, step in enumerate(plan):
+        own = next((m for m in step if mine in m[2]), None)
+        if own is None:
+            sit_out_or_measure(record, job, rank, f"retest.{index}", None, extra={})
+            continue
+        suspect, role, (a, b) = own
+        extra = {"suspect": name[suspect], "role": role, "pair": [name[a], name[b]]}
+        pair = check.pair_ranks(nodes, a, b)
+        sit_out_or_measure(record, job, rank, f"retest.{index}", pair, extra=extra, retest=True)
