@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -16,8 +17,10 @@ class Layout:
     hosts: list[str]  # in rank order
     per_node: int
 
-    def __post_init__(self) -> None:
-        self.index = {host: index for index, host in reversed(list(enumerate(self.hosts)))}  # the first, as .index
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Each host's position in `hosts` (its first, as list.index), looked up once per host, not per rank."""
+        return {host: index for index, host in reversed(list(enumerate(self.hosts)))}
 
     @property
     def world(self) -> int:
