@@ -30,6 +30,7 @@ from typing import NoReturn, TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
 from launcher.config.errors import UsageError, first_line, report
+from launcher.rank import deferred_inits
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
 # a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
@@ -71,6 +72,8 @@ def missing_stack(error: ImportError) -> UsageError:
 # Megatron's checkpoint writer starts a Manager so at a run's first save. Such a process needs none of the training
 # stack, whose imports were most of the 28 s a first save took on the H200 (bench/results/gpu-suite.md).
 if __name__ != "__mp_main__":
+    if os.environ.get("SRUNSH_IMPORT_ALL") != "1":
+        deferred_inits.install()  # the packages' own training path, not every model bridge (docs/launch.md)
     try:
         with chatter_held_back(QUIET):
             from megatron.bridge.training.callbacks import CallbackManager

@@ -5,17 +5,22 @@ A recipe calls these on the ConfigContainer it builds; `entrypoint.py` passes th
 the recipe's `configure()`. Each switch raises ValueError with a message a user can act on.
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from megatron.bridge import AutoBridge
 from megatron.bridge.recipes.utils.dataset_utils import get_blend_fields_from_data_paths
 from megatron.bridge.training.config import ConfigContainer, GPTDatasetConfig, MockGPTDatasetConfig
 
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_PATTERN = "tokenizer*"  # tokenizer.json, tokenizer_config.json, tokenizer.model
 DISPATCHERS = ("allgather", "alltoall", "flex", "deepep")
+
+if TYPE_CHECKING:
+    from megatron.bridge import AutoBridge
 
 
 def local_hf_dir(hf_path: str) -> Path:
@@ -43,6 +48,9 @@ def hub_id_served_from(hub_id: str, local_dir: Path) -> Iterator[list[AutoBridge
     with `AutoBridge.from_hf_pretrained("<hub id>")` and take no arguments, so this is the one way to keep every other
     upstream setting while reading the architecture offline. Yields the bridges built from local_dir.
     """
+    # Hugging Face conversion imports every model bridge: only with hf_path.
+    from megatron.bridge import AutoBridge
+
     original = AutoBridge.__dict__["from_hf_pretrained"]
     built: list[AutoBridge] = []
 

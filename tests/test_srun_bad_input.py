@@ -99,6 +99,11 @@ def cases(world: Path) -> dict[str, Case]:
         "gpus per node negative": Case(
             local, ["SRUNSH_GPUS_PER_NODE=-1 is not a positive"], env={"SRUNSH_GPUS_PER_NODE": "-1"}
         ),
+        "import all not 0 or 1": Case(
+            local,
+            ["SRUNSH_IMPORT_ALL=yes is not 0 or 1", "SRUNSH_IMPORT_ALL=1 makes every rank import"],
+            env={"SRUNSH_IMPORT_ALL": "yes"},
+        ),
         "gpus per node with space": Case(
             local, ["SRUNSH_GPUS_PER_NODE=2\\  is not a positive"], env={"SRUNSH_GPUS_PER_NODE": "2 "}
         ),

@@ -223,6 +223,11 @@ def check_knobs(knob: dict[str, str], gpus: str) -> None:
             f"SRUNSH_HEALTH={q(knob['SRUNSH_HEALTH'])} is not 0 or 1:"
             " SRUNSH_HEALTH=1 runs the health check before the launch"
         )
+    if knob["SRUNSH_IMPORT_ALL"] not in ("0", "1"):
+        raise BadInputError(
+            f"SRUNSH_IMPORT_ALL={q(knob['SRUNSH_IMPORT_ALL'])} is not 0 or 1:"
+            " SRUNSH_IMPORT_ALL=1 makes every rank import its packages whole"
+        )
     if not POSITIVE.fullmatch(knob["SRUNSH_HEALTH_TIMEOUT_S"]):
         raise BadInputError(
             f"SRUNSH_HEALTH_TIMEOUT_S={q(knob['SRUNSH_HEALTH_TIMEOUT_S'])} is not a positive number of seconds:"

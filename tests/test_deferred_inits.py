@@ -1,0 +1,99 @@
+"""launcher/rank/deferred_inits.py on the installed Megatron Bridge and ModelOpt: `entrypoint.py --check` of a recipe
+without hf_path imports none of the modules bench/results/startup.md marks unneeded (and SRUNSH_IMPORT_ALL=1 imports
+them, as a plain import does), resolves the same config either way, and every public name of a deferred package,
+as the package's own `__init__` makes it, is the same object when it is asked for before that `__init__` ran."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+# What a GPT pretrain from a recipe never calls (bench/results/startup.md, "What a recipe needs"): the model bridges
+# and Hugging Face conversion, the diffusion models and their packages, PEFT, ModelOpt's export and search modes.
+UNNEEDED = (
+    "diffusers",
+    "peft",
+    "megatron.bridge.diffusion",
+    "megatron.bridge.models.conversion.auto_bridge",
+    "megatron.bridge.models.llama",
+    "megatron.bridge.models.qwen",
+    "megatron.bridge.models.deepseek",
+    "megatron.bridge.recipes.llama",
+    "modelopt.torch.export",
+    "modelopt.torch.speculative",
+    "modelopt.torch.sparsity",
+    "modelopt.torch.nas",
+)
+IMPORTED = re.compile(r"import time:\s+\d+ \|\s+\d+ \| *(\S+)")
+
+
+def imported_modules(run_entrypoint, import_all: str) -> set[str]:
+    result = run_entrypoint(TINY, "--check", env={"SRUNSH_IMPORT_ALL": import_all, "PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {match[1] for match in map(IMPORTED.match, result.stderr.splitlines()) if match}
+
+
+def unneeded(modules: set[str]) -> list[str]:
+    return sorted(p for p in UNNEEDED if any(m == p or m.startswith(p + ".") for m in modules))
+
+
+def test_a_recipe_without_hf_path_imports_none_of_the_unneeded_modules(run_entrypoint):
+    assert unneeded(imported_modules(run_entrypoint, "0")) == []
+
+
+def test_import_all_imports_them_as_a_plain_import_does(run_entrypoint):
+    assert unneeded(imported_modules(run_entrypoint, "1")) == sorted(UNNEEDED)
+
+
+def test_the_config_is_the_same_with_the_inits_deferred_or_whole(run_entrypoint):
+    configs = {}
+    for import_all in ("0", "1"):
+        result = run_entrypoint(TINY, "train.train_iters=20", "--print-config", env={"SRUNSH_IMPORT_ALL": import_all})
+        assert result.returncode == 0, result.stderr[-3000:]
+        configs[import_all] = result.stdout
+    assert configs["0"] == configs["1"]
+
+
+# Each package's public names, as its own __init__ defines them (the names it takes `from M import`), each described
+# by what it is; in one process first asked of the packages before their inits ran, in another after a plain import.
+PROBE = """
+import importlib, json, sys
+from launcher.rank import deferred_inits
+deferred = sys.argv[1] == "deferred"
+if deferred:
+    deferred_inits.install()
+seen = {}
+for package in sorted(deferred_inits.DEFERRED):
+    module = importlib.import_module(package)
+    named, _ = deferred_inits.imports_of(importlib.util.find_spec(package).origin, package)
+    for name in sorted(n for n in named if not n.startswith("_")):
+        value = getattr(module, name, None)
+        seen[f"{package}.{name}"] = [type(value).__name__, getattr(value, "__module__", None),
+                                     getattr(value, "__qualname__", getattr(value, "__name__", None))]
+print(json.dumps(seen))
+"""
+
+
+def probe(mode: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def deferred_and_plain() -> tuple[dict, dict]:
+    return probe("deferred"), probe("plain")
+
+
+def test_every_public_name_of_a_deferred_package_is_what_its_init_makes_it(deferred_and_plain):
+    deferred, plain = deferred_and_plain
+    assert len(plain) > 100  # AutoBridge, the model providers, the recipes' configs...
+    differ = {name: (deferred.get(name), seen) for name, seen in plain.items()}
+    assert {name: pair for name, pair in differ.items() if pair[0] != pair[1]} == {}
