@@ -72,7 +72,7 @@ def missing_stack(error: ImportError) -> UsageError:
 # Megatron's checkpoint writer starts a Manager so at a run's first save. Such a process needs none of the training
 # stack, whose imports were most of the 28 s a first save took on the H200 (bench/results/gpu-suite.md).
 if __name__ != "__mp_main__":
-    if os.environ.get("SRUNSH_IMPORT_ALL") != "1":
+    if os.environ.get("SRUN_SH_IMPORT_ALL") != "1":
         deferred_inits.install()  # the packages' own training path, not every model bridge (docs/launch.md)
     try:
         with chatter_held_back(QUIET):

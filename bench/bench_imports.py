@@ -43,7 +43,7 @@ def group(module: str) -> str:
 
 def imports(recipe: str, import_all: bool) -> dict:
     """One --check under importtime: seconds and module count of each group, and the wall seconds."""
-    env = {**os.environ, "SRUNSH_IMPORT_ALL": str(int(import_all)), "RUN_ID": "bench-imports"}
+    env = {**os.environ, "SRUN_SH_IMPORT_ALL": str(int(import_all)), "RUN_ID": "bench-imports"}
     command = [sys.executable, "-X", "importtime", str(REPO / "entrypoint.py"), recipe, "--check"]
     started = time.monotonic()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)

@@ -4,6 +4,7 @@ them, as a plain import does), resolves the same config either way, and every pu
 as the package's own `__init__` makes it, is the same object when it is asked for before that `__init__` ran."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -33,7 +34,7 @@ IMPORTED = re.compile(r"import time:\s+\d+ \|\s+\d+ \| *(\S+)")
 
 
 def imported_modules(run_entrypoint, import_all: str) -> set[str]:
-    result = run_entrypoint(TINY, "--check", env={"SRUNSH_IMPORT_ALL": import_all, "PYTHONPROFILEIMPORTTIME": "1"})
+    result = run_entrypoint(TINY, "--check", env={"SRUN_SH_IMPORT_ALL": import_all, "PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     return {match[1] for match in map(IMPORTED.match, result.stderr.splitlines()) if match}
 
@@ -53,7 +54,7 @@ def test_import_all_imports_them_as_a_plain_import_does(run_entrypoint):
 def test_the_config_is_the_same_with_the_inits_deferred_or_whole(run_entrypoint):
     configs = {}
     for import_all in ("0", "1"):
-        result = run_entrypoint(TINY, "train.train_iters=20", "--print-config", env={"SRUNSH_IMPORT_ALL": import_all})
+        result = run_entrypoint(TINY, "train.train_iters=20", "--print-config", env={"SRUN_SH_IMPORT_ALL": import_all})
         assert result.returncode == 0, result.stderr[-3000:]
         configs[import_all] = result.stdout
     assert configs["0"] == configs["1"]
@@ -97,3 +98,31 @@ def test_every_public_name_of_a_deferred_package_is_what_its_init_makes_it(defer
     assert len(plain) > 100  # AutoBridge, the model providers, the recipes' configs...
     differ = {name: (deferred.get(name), seen) for name, seen in plain.items()}
     assert {name: pair for name, pair in differ.items() if pair[0] != pair[1]} == {}
+
+
+# The logging a rank has when its training stack is imported: Megatron-LM's training module configures the root logger
+# as it loads (Megatron Bridge's "Pretrain failed on rank=" line goes through it), so the deferral must leave it be.
+LOGGING = """
+import logging, sys
+sys.argv = ["entrypoint.py"]
+import entrypoint
+root = logging.getLogger()
+print(logging.getLevelName(root.level), [type(handler).__name__ for handler in root.handlers])
+"""
+
+
+def test_the_ranks_logging_is_the_same_with_the_inits_deferred_or_whole():
+    seen = {}
+    for import_all in ("0", "1"):
+        done = subprocess.run(
+            [sys.executable, "-c", LOGGING],
+            cwd=REPO,
+            env={**os.environ, "SRUN_SH_IMPORT_ALL": import_all},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen[import_all] = done.stdout.splitlines()[-1]
+    assert seen["0"] == seen["1"]

@@ -132,3 +132,13 @@ def test_dry_run_names_the_container_when_container_name_is_set(srun_world: Srun
     assert result.returncode == 0, result.stderr
     words = bash_words(lines_starting(result.stdout, "srun ")[0])
     assert words[words.index(b"--container-workdir=/work") + 1] == b"--container-name=megatron"
+
+
+def test_the_import_all_knob_reaches_every_rank_and_the_hosts_own_variable_does_not(srun_world: SrunWorld):
+    """SRUNSH_IMPORT_ALL is the knob; SRUN_SH_IMPORT_ALL, what the ranks read, is set from it whatever the host has."""
+    env = {"SRUNSH_GPUS_PER_NODE": "1", "SRUN_SH_IMPORT_ALL": "1"}
+    for knob, seen in ((None, "0"), ("1", "1"), ("0", "0")):
+        knobs = {} if knob is None else {"SRUNSH_IMPORT_ALL": knob}
+        result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", env={**env, **knobs})
+        assert result.returncode == 0, result.stderr
+        assert f"export SRUN_SH_IMPORT_ALL={seen}" in lines_starting(result.stdout, "export ")

@@ -17,6 +17,7 @@ COMMON = (
     *("CONTAINER_NAME", "PYTHON", "NAME", "IMAGE", "MOUNT", "HEALTH", "NSYS", "SQSH", "DEBUG", "TAG", "IMAGE_NAME"),
     *("GPUS_PER_NODE", "OUTPUT_ROOT", "RUN_ID", "MAX_RETRIES", "SAVE_LEAD_S", "HANG_TIMEOUT_S", "HEALTH_TIMEOUT_S"),
     *("SRUN_EXTRA_ARGS", "WORKDIR", "JOB_NAME", "VERBOSE", "SRUN_SH_IMAGE", "SRUN_SH_MOUNT", "SRUN_SH_JOB_NAME"),
+    "SRUN_SH_IMPORT_ALL",
 )
 NOT_READ = "srun.sh: not read, since srun.sh's knobs have the SRUNSH_ prefix: "
 # Any text an environment variable can hold (no NUL).

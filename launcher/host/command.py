@@ -16,7 +16,7 @@ from launcher.shell_quote import q
 # The rank environment that --dry-run shows, in this order.
 SHOWN = (
     *("NCCL_DEBUG", "OMP_NUM_THREADS", "NCCL_GIN_TYPE", "DEEP_EP_BACKEND", "MASTER_ADDR", "MASTER_PORT", "RUN_ID"),
-    *("RUN_DIR", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NSYS", "SRUN_SH_NSYS"),
+    *("RUN_DIR", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NSYS", "SRUN_SH_NSYS", "SRUN_SH_IMPORT_ALL"),
 )
 # srun.sh's own variables for the ranks, never inherited from the launching host.
 OWN = ("SRUN_SH_IMAGE", "SRUN_SH_JOB_NAME", "SRUN_SH_MOUNT", "SRUN_SH_UNDER_NSYS", "RANK", "LOCAL_RANK")
@@ -35,6 +35,7 @@ def rank_environment(plan: LaunchPlan) -> dict[str, str]:
         "RUN_DIR": plan.rank_run_dir,
         "SRUN_SH_NSYS": str(int(plan.nsys)),
         "SRUN_SH_INPROCESS": str(int(plan.inprocess)),
+        "SRUN_SH_IMPORT_ALL": str(int(plan.import_all)),
     }
     if plan.container:
         env["SRUN_SH_IMAGE"] = plan.image  # named in entrypoint.py's error when the image lacks the stack

@@ -63,6 +63,7 @@ def checked_plan(args: Launch, knobs: Knobs) -> LaunchPlan:
         health=args.health or knobs["SRUNSH_HEALTH"] == "1",
         health_timeout_s=knobs["SRUNSH_HEALTH_TIMEOUT_S"],
         hang_timeout_s=knobs["SRUNSH_HANG_TIMEOUT_S"],
+        import_all=knobs["SRUNSH_IMPORT_ALL"] == "1",
         ranks_per_node=int(checked.gpus_per_node),
         cpus_per_rank=checked.cpus_per_rank,
         image=checked.image,

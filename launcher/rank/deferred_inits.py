@@ -33,7 +33,6 @@ DEFERRED = frozenset(
         "megatron.bridge.models.conversion",
         "megatron.bridge.models.hf_pretrained",
         "megatron.bridge.recipes",
-        "megatron.training",
         "modelopt.torch",
         "modelopt.torch.distill.plugins",
         "modelopt.torch.opt.plugins",
