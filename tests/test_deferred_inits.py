@@ -9,8 +9,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import REPO
 
 TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
@@ -60,23 +58,44 @@ def test_the_config_is_the_same_with_the_inits_deferred_or_whole(run_entrypoint)
     assert configs["0"] == configs["1"]
 
 
-# Each package's public names, as its own __init__ defines them (the names it takes `from M import`), each described
-# by what it is; in one process first asked of the packages before their inits ran, in another after a plain import.
-PROBE = """
-import importlib, json, sys
-from launcher.rank import deferred_inits
+# Each package's public names, as its own __init__ defines them (the names it takes `from M import`), and every name
+# of torch, os, typing and pickle (names the packages mostly lack: pickle, inspect and torch's compile caches ask every
+# module for such names), each answer described by what it is; in one process first asked of the packages before their
+# inits ran, in another after a plain import. The deferred process also says which unneeded modules were imported by
+# the foreign names that no file under the package's folder spells out and that are not one of its submodules.
+PROBE = r"""
+import importlib, json, os, pathlib, pickle, re, sys, typing
+import torch
+from launcher.rank import deferred_inits, init_names
+from tests.test_deferred_inits import UNNEEDED, unneeded
 deferred = sys.argv[1] == "deferred"
 if deferred:
     deferred_inits.install()
-seen = {}
-for package in sorted(deferred_inits.DEFERRED):
-    module = importlib.import_module(package)
-    named, _ = deferred_inits.imports_of(importlib.util.find_spec(package).origin, package)
+packages = {name: importlib.import_module(name) for name in sorted(deferred_inits.DEFERRED)}
+foreign = sorted({name for module in (torch, os, typing, pickle) for name in dir(module) if not name.startswith("__")})
+
+def described(value):
+    return [type(value).__name__, getattr(value, "__module__", None),
+            getattr(value, "__qualname__", getattr(value, "__name__", None))]
+
+def words_of(package):
+    folder = pathlib.Path(importlib.util.find_spec(package).origin).parent
+    return {word for path in folder.rglob("*.py") for word in re.findall(r"\w+", path.read_text())}
+
+words = {package: words_of(package) for package in packages}
+asked = [(package, name) for package in packages for name in foreign]
+# Names that no file under the package's folder spells (its `*` imports reach into subpackages), nor is a submodule:
+# nothing there can bind them.
+unbindable = {(p, n) for p, n in asked if n not in words[p] and not (
+    init_names.spec_unimported(f"{p}.{n}"))}
+seen = {f"{p}:{n}": described(getattr(packages[p], n, None)) for p, n in sorted(unbindable)}
+imported_by_foreign = unneeded(set(sys.modules))
+seen |= {f"{p}:{n}": described(getattr(packages[p], n, None)) for p, n in sorted(set(asked) - unbindable)}
+for package, module in packages.items():
+    named = init_names.bindings(importlib.util.find_spec(package).origin, package).taken
     for name in sorted(n for n in named if not n.startswith("_")):
-        value = getattr(module, name, None)
-        seen[f"{package}.{name}"] = [type(value).__name__, getattr(value, "__module__", None),
-                                     getattr(value, "__qualname__", getattr(value, "__name__", None))]
-print(json.dumps(seen))
+        seen[f"{package}.{name}"] = described(getattr(module, name, None))
+print(json.dumps({"seen": seen, "imported_by_foreign": imported_by_foreign}))
 """
 
 
@@ -88,16 +107,44 @@ def probe(mode: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def deferred_and_plain() -> tuple[dict, dict]:
-    return probe("deferred"), probe("plain")
+def test_every_name_asked_of_a_deferred_package_is_what_its_init_makes_it_and_a_name_it_lacks_imports_nothing():
+    """Or, where the plain import has no such name, the package's submodule of that name, imported when asked. One
+    test for both, since the two probes take minutes."""
+    deferred, plain = probe("deferred"), probe("plain")
+    assert deferred["imported_by_foreign"] == []
+    deferred, plain = deferred["seen"], plain["seen"]
+    assert len([name for name in plain if ":" not in name]) > 100  # AutoBridge, the model providers, the recipes...
+    differ = {name: (deferred.get(name), seen) for name, seen in plain.items() if deferred.get(name) != seen}
+    submodule = {name: pair for name, pair in differ.items() if pair[1][0] == "NoneType" and pair[0][0] == "module"}
+    assert {name: pair for name, pair in differ.items() if name not in submodule} == {}
+    assert {name: pair for name, pair in submodule.items() if pair[0][2] != name.replace(":", ".")} == {}
 
 
-def test_every_public_name_of_a_deferred_package_is_what_its_init_makes_it(deferred_and_plain):
-    deferred, plain = deferred_and_plain
-    assert len(plain) > 100  # AutoBridge, the model providers, the recipes' configs...
-    differ = {name: (deferred.get(name), seen) for name, seen in plain.items()}
-    assert {name: pair for name, pair in differ.items() if pair[0] != pair[1]} == {}
+# torch.compile keys its caches by pickling the graph; pickle looks a function up in every module of sys.modules.
+COMPILED = """
+import sys
+sys.argv = ["entrypoint.py"]
+import entrypoint
+import torch
+from tests.test_deferred_inits import unneeded
+twice = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2)
+assert twice(torch.ones(4)).shape == (4,)
+print(unneeded(set(sys.modules)))
+"""
+
+
+def test_torch_compile_in_a_rank_imports_none_of_the_unneeded_modules():
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILED],
+        cwd=REPO,
+        env={**os.environ, "SRUN_SH_IMPORT_ALL": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "[]"
 
 
 # The logging a rank has when its training stack is imported: Megatron-LM's training module configures the root logger

@@ -2,15 +2,15 @@
 
 `install()` (before the training stack's first import) puts a finder first on `sys.meta_path`. A package named in
 DEFERRED is then created without running its `__init__.py`, so that importing one of its submodules loads that
-submodule alone. When code asks such a package for a name that is not one of its submodules, the name is looked up in
-the `from MODULE import NAME` lines of the package's `__init__.py` and that module alone is imported; a name the
-`__init__` makes any other way runs the whole `__init__` there and then. Importing a module in NEEDS_EVERY_INIT first
-runs every deferred `__init__`, as a plain import would have. Nothing installed is changed.
+submodule alone. A name asked of such a package is what its `__init__` would bind, read from the `__init__`'s
+statements (launcher/rank/init_names.py): a name the `__init__` takes from one module, a module it imports or one of
+its submodules is imported alone; a name it binds any other way runs the whole `__init__` there and then; a name it
+cannot bind is one of its submodules or an AttributeError, as after a plain import. Importing a module in
+NEEDS_EVERY_INIT first runs every deferred `__init__`, as a plain import would have. Nothing installed is changed.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -18,8 +18,8 @@ import importlib.util
 import sys
 import types
 from collections.abc import Sequence
-from functools import cache
-from pathlib import Path
+
+from launcher.rank import init_names
 
 # Whose __init__ imports much more than the packages' own training path uses: Megatron Bridge's imports every model
 # bridge (and with them transformers, diffusers, scipy) to register them; ModelOpt's imports every optimisation mode
@@ -50,12 +50,16 @@ class DeferredPackage(types.ModuleType):
     def __getattr__(self, name: str) -> object:
         if name.startswith("__"):
             raise AttributeError(name)
-        submodule = f"{self.__name__}.{name}"
-        if importlib.util.find_spec(submodule) is not None:
-            return importlib.import_module(submodule)
-        source = source_of(name, self.__spec__.origin, self.__name__)
-        if source is not None:
-            return getattr(importlib.import_module(source), name)
+        found = init_names.bindings(self.__spec__.origin, self.__name__)
+        if found is not None and (found.ways(name) or star_may_bind(found, name)):
+            value = statically_bound(self, name, found)
+            if value is not None:
+                return value
+        elif init_names.spec_unimported(f"{self.__name__}.{name}") is not None:
+            return importlib.import_module(f"{self.__name__}.{name}")  # the __init__ may have imported it on the way
+        elif found is not None:
+            # pickle, inspect and torch's compile caches ask every module in sys.modules for names it lacks
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
         run_init(self)
         return getattr(self, name)
 
@@ -128,43 +132,72 @@ def run_every_init() -> None:
             run_init(package)
 
 
-def source_of(name: str, init_file: str | None, package: str) -> str | None:
-    """The module a package's `__init__.py` takes NAME from (`from M import NAME`, or `from M import *` where M
-    defines NAME), or None."""
-    if init_file is None:
+def statically_bound(package: types.ModuleType, name: str, found: init_names.Bindings) -> object | None:
+    """NAME where the `__init__` binds it one way that needs no run of it; else None."""
+    return bound_without_running(package.__name__, name, found)
+
+
+def bound_without_running(module: str, name: str, found: init_names.Bindings) -> object | None:
+    """NAME as MODULE's statements (FOUND) bind it, where one statement does and running MODULE is not needed to
+    know what it binds: taken from one module, a module imported, a submodule, or from the last `*` import that can
+    give it (followed to where that module takes it from); else None."""
+    exports = [init_names.exported(starred) for starred in found.starred]
+    if any(names is None for names in exports):
         return None
-    named, starred = imports_of(init_file, package)
-    if name in named:
-        return named[name]
-    return next((module for module in starred if name in top_level_names(module)), None)
+    starred = [starred for starred, names in zip(found.starred, exports, strict=True) if name in names]
+    ways = found.ways(name)
+    if ways == 0:
+        return from_last_star(starred, name)
+    if ways != 1 or starred:
+        return None
+    if name in found.taken and len(found.taken[name]) == 1:
+        (source,) = found.taken[name]
+        return taken_from(source, name, module)
+    if name in found.modules:
+        return module_imported(name, found.modules[name])
+    if name in found.submodules:
+        return importlib.import_module(f"{module}.{name}")
+    return None
 
 
-@cache
-def imports_of(init_file: str, package: str) -> tuple[dict[str, str], list[str]]:
-    """From the `from MODULE import ...` statements anywhere in a file: NAME -> MODULE, and the MODULEs taken with *."""
-    named, starred = {}, []
-    for node in ast.walk(ast.parse(Path(init_file).read_bytes())):
-        if isinstance(node, ast.ImportFrom):
-            module = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
-            for alias in node.names:
-                if alias.name == "*":
-                    starred.append(module)
-                else:
-                    named[alias.asname or alias.name] = module
-    return named, starred
+def module_imported(name: str, imports: set[str]) -> object | None:
+    """What `import M` statements bind as NAME: the top package M's of `import M.SUB` (all of them loaded), or the M
+    of `import M as NAME`; None where the statements bind NAME to different modules."""
+    if all(imported.split(".")[0] == name for imported in imports):
+        for imported in sorted(imports):
+            importlib.import_module(imported)
+        return sys.modules[name]
+    if len(imports) != 1:
+        return None
+    return importlib.import_module(next(iter(imports)))
 
 
-@cache
-def top_level_names(module: str) -> frozenset[str]:
-    """The names a module's file defines at its top level (functions, classes, assignments), read, not imported."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        return frozenset()
-    names = set()
-    for node in ast.parse(Path(spec.origin).read_bytes()).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(target.id for target in targets if isinstance(target, ast.Name))
-    return frozenset(names)
+def from_last_star(starred: list[str], name: str) -> object | None:
+    """NAME from the last of the `*` imports that binds it; one that fails to import (under a guard such as
+    ModelOpt's import_plugin, or the `__init__` would fail) binds nothing."""
+    for module in reversed(starred):
+        try:
+            return from_star(module, name)
+        except ImportError:
+            continue
+    return None
+
+
+def from_star(module: str, name: str) -> object:
+    """What `from MODULE import *` binds as NAME, MODULE imported (it may fail to, as under a guard)."""
+    return getattr(importlib.import_module(module), name)
+
+
+def taken_from(module: str, name: str, package: str) -> object:
+    """What `from MODULE import NAME` binds: MODULE's NAME, or its submodule NAME."""
+    if module != package:
+        source = importlib.import_module(module)
+        if hasattr(source, name):
+            return getattr(source, name)
+    return importlib.import_module(f"{module}.{name}")
+
+
+def star_may_bind(found: init_names.Bindings, name: str) -> bool:
+    """Whether one of the `*` imports may bind NAME (True where what one binds is unknown)."""
+    exports = (init_names.exported(module) for module in found.starred)
+    return any(names is None or name in names for names in exports)
