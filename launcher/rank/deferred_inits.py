@@ -52,7 +52,7 @@ class DeferredPackage(types.ModuleType):
             raise AttributeError(name)
         found = init_names.bindings(self.__spec__.origin, self.__name__)
         if found is not None and (found.ways(name) or star_may_bind(found, name)):
-            value = statically_bound(self, name, found)
+            value = bound_without_running(self.__name__, name, found)
             if value is not None:
                 return value
         elif init_names.spec_unimported(f"{self.__name__}.{name}") is not None:
@@ -132,11 +132,6 @@ def run_every_init() -> None:
             run_init(package)
 
 
-def statically_bound(package: types.ModuleType, name: str, found: init_names.Bindings) -> object | None:
-    """NAME where the `__init__` binds it one way that needs no run of it; else None."""
-    return bound_without_running(package.__name__, name, found)
-
-
 def bound_without_running(module: str, name: str, found: init_names.Bindings) -> object | None:
     """NAME as MODULE's statements (FOUND) bind it, where one statement does and running MODULE is not needed to
     know what it binds: taken from one module, a module imported, a submodule, or from the last `*` import that can
@@ -177,15 +172,10 @@ def from_last_star(starred: list[str], name: str) -> object | None:
     ModelOpt's import_plugin, or the `__init__` would fail) binds nothing."""
     for module in reversed(starred):
         try:
-            return from_star(module, name)
+            return getattr(importlib.import_module(module), name)
         except ImportError:
             continue
     return None
-
-
-def from_star(module: str, name: str) -> object:
-    """What `from MODULE import *` binds as NAME, MODULE imported (it may fail to, as under a guard)."""
-    return getattr(importlib.import_module(module), name)
 
 
 def taken_from(module: str, name: str, package: str) -> object:

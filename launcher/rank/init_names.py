@@ -115,6 +115,7 @@ def add_submodule(found: Bindings, module: str, package: str) -> None:
         found.submodules.add(module[len(package) + 1 :].split(".", maxsplit=1)[0])
 
 
+@cache
 def exported(module: str) -> frozenset[str] | None:
     """The names `from MODULE import *` binds: its __all__, else every public name it binds (an over-count), or None
     where that is unknown."""
