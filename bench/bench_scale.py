@@ -71,6 +71,7 @@ class Ran:
     peak_bytes: int
     stdout: str
     stderr: str
+    cpu_seconds: float = 0.0
     set_aside_s: float = 0.0
 
 
@@ -151,8 +152,8 @@ def run_measured(command: list[str], env: dict[str, str], cwd: Path, args: argpa
         out.seek(0)
         err.seek(0)
         stdout, stderr = (file.read().decode(errors="replace") for file in (out, err))
-        result = json.loads(read(measured) or '{"status": -9, "seconds": 0, "peak_bytes": 0}')
-    return Ran(result["status"], result["seconds"], result["peak_bytes"], stdout, stderr)
+        result = json.loads(read(measured) or '{"status": -9, "seconds": 0, "peak_bytes": 0, "cpu_seconds": 0}')
+    return Ran(result["status"], result["seconds"], result["peak_bytes"], stdout, stderr, result["cpu_seconds"])
 
 
 def set_aside(ran: Ran, path: Path) -> Ran:
@@ -334,29 +335,31 @@ def measure(job: Job, args: argparse.Namespace) -> dict:
             ran = step(world)
             wrong = verdict(world, ran) or ("" if ran.status in (0, 1) else f"exit status {ran.status}; ")
             result["steps"][name] = {
-                "seconds": round(ran.seconds, 3), "set_aside_s": round(ran.set_aside_s, 2),
+                "seconds": round(ran.seconds, 3), "cpu_s": round(ran.cpu_seconds, 3),
+                "set_aside_s": round(ran.set_aside_s, 2),
                 "peak_mb": round(ran.peak_bytes / 2**20, 1), "status": ran.status, "wrong": wrong,
                 **({"stderr": ran.stderr[-2000:]} if wrong else {}),
             }  # fmt: skip
-            print(f"{ranks} ranks: {name}: {ran.seconds:.2f} s, {ran.peak_bytes / 2**20:.0f} MB {wrong}", flush=True)
+            figures = f"{ran.seconds:.2f} s ({ran.cpu_seconds:.2f} s CPU), {ran.peak_bytes / 2**20:.0f} MB"
+            print(f"{ranks} ranks: {name}: {figures} {wrong}", flush=True)
         return result
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def exponent(first: dict, second: dict, name: str) -> float | None:
-    """log(t2/t1) / log(N2/N1) of a step's seconds between two sizes."""
-    t1, t2 = first["steps"][name]["seconds"], second["steps"][name]["seconds"]
+def exponent(first: dict, second: dict, name: str, figure: str = "seconds") -> float | None:
+    """log(t2/t1) / log(N2/N1) of a step's seconds (or CPU seconds, "cpu_s") between two sizes."""
+    t1, t2 = first["steps"][name][figure], second["steps"][name][figure]
     if t1 <= 0 or t2 <= 0:
         return None
     return round(math.log(t2 / t1) / math.log(second["ranks"] / first["ranks"]), 2)
 
 
-def growth(sizes: list[dict]) -> dict[str, dict[str, float | None]]:
-    """Each step's exponent between each pair of consecutive sizes measured, "N1-N2": exponent."""
+def growth(sizes: list[dict], figure: str = "seconds") -> dict[str, dict[str, float | None]]:
+    """Each step's exponent of FIGURE between each pair of consecutive sizes measured, "N1-N2": exponent."""
     pairs = list(itertools.pairwise(sizes))
-    return {name: {f"{a['ranks']}-{b['ranks']}": exponent(a, b, name) for a, b in pairs} for name in STEPS}
+    return {name: {f"{a['ranks']}-{b['ranks']}": exponent(a, b, name, figure) for a, b in pairs} for name in STEPS}
 
 
 def markdown(result: dict) -> str:
@@ -372,7 +375,7 @@ def markdown(result: dict) -> str:
         for size in sizes:
             step = size["steps"][name]
             wrong = " **wrong verdict**" if step["wrong"] else ""
-            cells.append(f"{step['seconds']:.2f} s, {step['peak_mb']:.0f} MB{wrong}")
+            cells.append(f"{step['seconds']:.2f} s ({step['cpu_s']:.2f} s CPU), {step['peak_mb']:.0f} MB{wrong}")
         limit = LIMITS_S.get(name)
         lines.append(report.row([name, *cells, f"{limit:g} s" if limit else None]))
     lines.append(
@@ -383,6 +386,14 @@ def markdown(result: dict) -> str:
         lines += ["", "Growth exponent of the seconds, log(t2/t1) / log(N2/N1):", ""]
         lines += report.table(("step", *(f"{a['ranks']:,} to {b['ranks']:,}" for a, b in pairs)))
         lines += [report.row([name, *by_pair.values()]) for name, by_pair in result["growth"].items()]
+        lines += [
+            "",
+            "The same of the CPU seconds (user and system, the step's and its children's), which other work on",
+            "the machine does not inflate:",
+            "",
+        ]
+        lines += report.table(("step", *(f"{a['ranks']:,} to {b['ranks']:,}" for a, b in pairs)))
+        lines += [report.row([name, *by_pair.values()]) for name, by_pair in result["cpu_growth"].items()]
     wrong = [
         f"{s['ranks']} ranks, {n}: {step['wrong']}" for s in sizes for n, step in s["steps"].items() if step["wrong"]
     ]
@@ -433,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     for ranks in args.ranks:
         result["sizes"].append(measure(faults(ranks, args.seed), args))
         result["growth"] = growth(result["sizes"])
+        result["cpu_growth"] = growth(result["sizes"], "cpu_s")
         table = report.write(args.out / "scale", result, markdown)
     print(table)
     wrong = any(step["wrong"] for size in result["sizes"] for step in size["steps"].values())

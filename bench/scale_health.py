@@ -4,6 +4,7 @@ with 1% noise, and every pair of the slow node capped (on fewer than 3 nodes, on
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from pathlib import Path
@@ -54,7 +55,7 @@ def gpu_result(job: Job, rank: int) -> dict:
 def pair_figures(job: Job) -> dict[str, dict[tuple[int, int], float]]:
     """What Check.pair_figures gathers from every rank: each pair of nodes' figure per op (and "op best"), its
     slowest member's."""
-    nodes = check.node_ranks(job_host_list(job))
+    nodes = job_nodes(job)
     figures: dict[str, dict[tuple[int, int], float]] = {}
     for round_ in range(math.ceil(math.log2(job.nodes))):
         for a, b in check.round_pairs(job.nodes, round_):
@@ -70,9 +71,16 @@ def pair_figures(job: Job) -> dict[str, dict[tuple[int, int], float]]:
     return figures
 
 
+@functools.cache
 def job_host_list(job: Job) -> list[str]:
-    """Every rank's host, as the check's start gathers them."""
+    """Every rank's host, as the check's start gathers them (one list a job, shared: not to be changed)."""
     return [job.host(rank) for rank in range(job.ranks)]
+
+
+@functools.cache
+def job_nodes(job: Job) -> list[list[int]]:
+    """Each node's ranks, as check.py's node_ranks finds them (one list a job, shared: not to be changed)."""
+    return check.node_ranks(job_host_list(job))
 
 
 def health_plan(job: Job) -> list[list[tuple[int, str, tuple[int, int]]]]:
@@ -125,8 +133,7 @@ def write_health_rank(health: Path, job: Job, rank: int, plan: list) -> None:
     record.stage("matmul")
     record.stage("hbm copy")
     record.done(gpu_result(job, rank))
-    hosts = job_host_list(job)
-    nodes = check.node_ranks(hosts)
+    hosts, nodes = job_host_list(job), job_nodes(job)
     mine = rank // PER_NODE
     record.enter("node.all_reduce", nodes[mine], stage="group")
     sit_out_or_measure(record, job, rank, "node", nodes[mine], extra={})
@@ -146,7 +153,7 @@ def write_retests(record: check.Record, job: Job, rank: int, plan: list) -> None
     if plan:
         record.enter("retest.0.all_reduce", None, stage="group")
     name, mine = job.hosts, rank // PER_NODE
-    nodes = check.node_ranks(job_host_list(job))
+    nodes = job_nodes(job)
     for index, step in enumerate(plan):
         own = next((m for m in step if mine in m[2]), None)
         if own is None:

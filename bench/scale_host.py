@@ -8,8 +8,8 @@ STEP ...`: the standard library only, as the host needs), and the stand-ins for 
     first-failure RUN_DIR               the supervisor's first-failure report (launcher/host/first_failure.py)
     read-plan PATH                      the launch plan, read back as a LaunchPlan
     measure OUT LIMIT -- COMMAND...     COMMAND, with at most LIMIT bytes of address space; OUT gets its exit status,
-                                        seconds and peak memory (wait4's: its own and its waited-for children's;
-                                        from a fork of this small process, whose pages it starts with)
+                                        seconds, CPU seconds and peak memory (wait4's: its own and its waited-for
+                                        children's; from a fork of this small process, whose pages it starts with)
     answer STAGED HANG                  the ranks answering the hang report (the stand-in scancel runs it): each
                                         rank's stacks, flight recorder and answer, as bench/scale_tree.py staged them
     health-launch STAGED HEALTH S       the health check's launch: the ranks' records into place, then its end S
@@ -104,6 +104,7 @@ def measure(out: str, limit: str, command: list[str]) -> int:
     _, status, usage = os.wait4(pid, 0)
     seconds = time.monotonic() - started
     result = {"status": os.waitstatus_to_exitcode(status), "seconds": seconds, "peak_bytes": usage.ru_maxrss * 1024}
+    result["cpu_seconds"] = usage.ru_utime + usage.ru_stime
     Path(out).write_text(json.dumps(result))
     return 0
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ class Job:
     def nodes(self) -> int:
         return self.ranks // PER_NODE
 
-    @property
+    @functools.cached_property
     def hosts(self) -> list[str]:
         return [f"node{index + 1:04d}" for index in range(self.nodes)]
 

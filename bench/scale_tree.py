@@ -15,7 +15,8 @@ nodes, 2,000 flight recorder entries a rank (TORCH_FR_BUFFER_SIZE), 10,000 log l
 What the ranks write only when asked is staged beside RUN_DIR and moved into place by the stand-ins of
 bench/scale_host.py, as the ranks would write it then: the hang answers when the report signals the step, the health
 records when the check's launch runs. The stopped ranks' logs are hard links of one file (the failure report reads
-the first failed rank's log only); every other file is a file of its own.
+the first failed rank's log only); every other file is a file of its own. RUN_DIR also holds an earlier hang
+report's answers and records, as a batch job requeued after one keeps its run folder: the report forgets them first.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ TORCH = "/usr/local/lib/python3.12/dist-packages/torch"
 MEGATRON = "/usr/local/lib/python3.12/dist-packages/megatron"
 CODE = "/workspace/megatron"
 STDLIB = "/usr/lib/python3.12"
+EARLIER_RECORD = pickle.dumps({"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": []})
 # Below every main thread: Megatron Bridge's training loop under entrypoint.py (file, function, line), innermost first.
 TRAINING = [
     (f"{MEGATRON}/bridge/training/train.py", "train", 380),
@@ -236,6 +238,8 @@ def write_hang_rank(tree: Tree, job: Job, rank: int, *, ident: int, stacks: dict
     registered = {"rank": rank, "host": job.host(rank), "pid": 4000 + rank, "start_time": "8812345"}
     progress.write_json(hang / f"rank-{rank}.json", registered | {"main_thread": ident})
     (hang / f"stacks-rank-{rank}.txt").touch()
+    earlier = dumps.record_flight_recorder(hang / "fr" / f"rank-{rank}", EARLIER_RECORD)
+    progress.write_json(hang / f"answer-rank-{rank}.json", answer(job, rank) | {"time": job.asked - 3600} | earlier)
     if rank == job.silent:
         return
     (staged / f"stacks-rank-{rank}.txt").write_bytes(stacks["missing" if rank == job.missing else "waiting"])

@@ -3,6 +3,7 @@
 record, and the rank's answer carries it beside torch's record."""
 
 import dataclasses
+import itertools
 import json
 import pickle
 
@@ -106,3 +107,15 @@ def test_the_ranks_answer_carries_the_summary_beside_torchs_record(tmp_path):
     assert (tmp_path / "rank-3").read_bytes() == data
     assert fields == {"flight_recorder": "rank-3", "flight_recorder_summary": flight_records.summary(record)}
     assert dumps.record_flight_recorder(tmp_path / "rank-4", b"not a pickle") == {"flight_recorder": "rank-4"}
+
+
+@given(
+    st.sets(st.integers(0, 20_000), max_size=300)
+    | st.builds(lambda a, n: set(range(a, a + n)), st.integers(0, 9), st.integers(0, 5000))
+)
+def test_ranges_name_every_rank_once_and_read_back_to_the_same_ranks(ranks: set[int]):
+    text = flight_records.ranges(ranks)
+    assert flight_records.expanded(text) == sorted(ranks)
+    runs = [part.split("-") for part in filter(None, text.split(","))]
+    assert all(int(run[0]) < int(run[-1]) for run in runs if len(run) == 2)
+    assert all(int(a[-1]) + 1 < int(b[0]) for a, b in itertools.pairwise(runs))  # runs do not touch: each is whole

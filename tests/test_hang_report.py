@@ -19,6 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
 
 from launcher.hang import answers as hang_answers
@@ -1520,3 +1522,27 @@ def test_a_rank_whose_gpu_never_started_it_and_whose_stacks_did_not_come_is_said
         "its GPU never started it (the work queued before it is stuck), at no stacks"
     )
     assert hang_report.frames_by_rank({1: ranks[1]}) == ["  rank 1 on node1 (pid 101): no stacks"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ranks=st.sets(st.integers(0, 100_000), max_size=40),
+    others=st.sets(
+        st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True).filter(
+            lambda name: name != "fr" and not name.startswith("answer-rank-")
+        ),
+        max_size=10,
+    ),
+)
+def test_forgetting_earlier_answers_removes_every_answer_and_record_and_nothing_else(tmp_path_factory, ranks, others):
+    hang = tmp_path_factory.mktemp("hang")
+    (hang / "fr").mkdir()
+    gone = {f"answer-rank-{rank}.json" for rank in ranks} | {f"fr/rank-{rank}" for rank in ranks}
+    kept = {f"rank-{rank}.json" for rank in ranks} | {f"stacks-rank-{rank}.txt" for rank in ranks}
+    kept |= others
+    for name in gone | kept:
+        (hang / name).write_text("{}")
+
+    hang_answers.forget_earlier_answers(hang)
+
+    assert {str(path.relative_to(hang)) for path in hang.rglob("*") if path.is_file()} == kept

@@ -1205,3 +1205,29 @@ def test_any_figures_of_zero_or_more_give_outliers_without_an_error(figures):
 
     assert set(found) <= set(figures)
     assert all(0.1 < below <= 1 for below, _ in found.values())
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(results=st.dictionaries(st.text(min_size=1, max_size=12), JSON_VALUES, max_size=5))
+def test_health_json_holds_each_ranks_record_as_check_py_wrote_it(tmp_path_factory, results: dict):
+    """Whatever a rank's results hold (text in any script, floats at any precision), health.json's line of that rank
+    is the text check.py's Record wrote, which parses back to the same record."""
+    run_dir = tmp_path_factory.mktemp("run")
+    record = Record(run_dir / "health" / "rank-0.json", {"rank": 0, "local_rank": 0, "host": "h0", "pid": 1})
+    record.enter("gpu", [0])
+    record.done(results)
+    record.finish()
+    written = (run_dir / "health" / "rank-0.json").read_text()
+    records = read_records(run_dir / "health", 1)
+    write_results(Run(run_dir, Layout(["h0"], 1), records, "finished", [], 60.0, 1.0), [], "")
+
+    text = (run_dir / "health.json").read_text()
+    assert f'  "0": {written}\n' in text
+    assert json.loads(text)["ranks"] == {"0": json.loads(written)}

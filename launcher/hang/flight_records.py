@@ -17,7 +17,10 @@ from collections.abc import Iterable
 
 def ranges(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5'."""
-    runs = itertools.groupby(enumerate(sorted(set(ranks))), key=lambda item: item[1] - item[0])  # consecutive: alike
+    ordered = sorted(set(ranks))
+    if len(ordered) > 1 and ordered[-1] - ordered[0] == len(ordered) - 1:  # one run, as a job-wide group is
+        return f"{ordered[0]}-{ordered[-1]}"
+    runs = itertools.groupby(enumerate(ordered), key=lambda item: item[1] - item[0])  # consecutive: alike
     bounds = [(run[0][1], run[-1][1]) for run in (list(group) for _, group in runs)]
     return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in bounds)
 

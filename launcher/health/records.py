@@ -54,13 +54,27 @@ def ranges(ranks: list[int]) -> str:
     return ",".join(str(rank) for rank in ordered)
 
 
+class RankRecord(dict):
+    """A rank's record, and the text it was read from: health.json repeats that text rather than encode the record
+    again (for 4,096 ranks JSON's encoder takes longer than the rest of the report)."""
+
+    text: str
+
+
+def read_record(path: Path) -> RankRecord:
+    text = path.read_text()
+    record = RankRecord(json.loads(text))
+    record.text = text
+    return record
+
+
 def read_records(health: Path, world: int, known: dict[int, dict] | None = None) -> dict[int, dict]:
     """Every rank's record; a finished one in `known` is not read again (a poll of 4,096 files on a shared file
     system is not free)."""
     records = {rank: record for rank, record in (known or {}).items() if record["finished"]}
     for rank in (rank for rank in range(world) if rank not in records):
         with contextlib.suppress(OSError, ValueError):  # not written yet, or being replaced: the next poll reads it
-            records[rank] = json.loads((health / f"rank-{rank}.json").read_text())
+            records[rank] = read_record(health / f"rank-{rank}.json")
     return records
 
 
@@ -94,7 +108,13 @@ def describe(part: str) -> str:
 
 
 def largest(bandwidth: dict[str, float]) -> float | None:
-    return bandwidth[max(bandwidth, key=int)] if bandwidth else None
+    return bandwidth[largest_size(tuple(bandwidth))] if bandwidth else None
+
+
+@functools.cache
+def largest_size(sizes: tuple[str, ...]) -> str:
+    """The largest of a result's sizes, found once for each set of sizes (every member of a part has the same)."""
+    return max(sizes, key=int)
 
 
 def part_results(records: dict[int, dict], ranks: list[int], part: str) -> list[dict]:

@@ -80,11 +80,17 @@ def evidence_lines(node: Node) -> list[str]:
     return lines
 
 
+def record_text(record: dict) -> str:
+    """A rank's record as it wrote it (check.py's Record writes one line of json.dumps), else encoded."""
+    text = getattr(record, "text", "")
+    return text if text and "\n" not in text else json.dumps(record)
+
+
 def results_text(result: dict) -> str:
     """health.json's text: the verdicts indented, each rank's record on a line of its own (json's indenting encoder,
     pure Python, takes 15 s for the records of 4,096 ranks; its C encoder writes each line at once)."""
     head = json.dumps({key: value for key, value in result.items() if key != "ranks"}, indent=1).removesuffix("\n}")
-    ranks = ",\n".join(f"  {json.dumps(rank)}: {json.dumps(record)}" for rank, record in result["ranks"].items())
+    ranks = ",\n".join(f"  {json.dumps(rank)}: {record_text(record)}" for rank, record in result["ranks"].items())
     return f'{head},\n "ranks": {{\n{ranks}\n }}\n}}\n'
 
 
