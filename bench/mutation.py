@@ -52,6 +52,7 @@ SKIP = shutil.ignore_patterns(
     ".git", ".venv", "mutants", "outputs", "__pycache__", ".devkit", ".deepep", ".whl", ".cudnn"
 )
 OUTCOMES = ("killed", "survived", "timeout", "no tests")
+HEADER = "| module | mutants | killed | survived | timed out | no tests | other | score: (killed + timed out) / all |"
 
 
 def module_copy(work_dir: Path, module: str, tests: list[str]) -> Path:
@@ -125,14 +126,9 @@ def main() -> None:
         found = run_module(work_dir, module, args)
         rows.append(table_row(module, found))
         print(rows[-1], flush=True)
-        survivors = sorted(name for name, outcome in found.items() if outcome == "survived")
-        for name in survivors:
+        for name in sorted(name for name, outcome in found.items() if outcome == "survived"):
             print(mutmut(work_dir / Path(module).stem, "show", name) if args.show_survivors else f"  survived: {name}")
-    print(
-        "\n| module | mutants | killed | survived | timed out | no tests | other | score: (killed + timed out) / all |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print("", HEADER, "|---|" + "---|" * 7, *rows, sep="\n")
 
 
 if __name__ == "__main__":

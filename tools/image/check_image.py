@@ -139,10 +139,8 @@ def check_pip_keeps_nccl(expected: str) -> None:
 
 def check_cudnn(expected: str) -> str:
     """torch and Transformer Engine run the pinned cuDNN wheel and map no other cuDNN; returns its version.
-
     Transformer Engine looks in CUDNN_PATH, CUDA_HOME and the loader's path before the wheel, and once one copy's
-    sub-libraries are loaded every libcudnn.so.9 of the process uses them: the GPU machine of our benchmarks ran
-    attention on its system cuDNN 9.14 beneath torch's 9.19 that way, which torch.backends.cudnn then refuses."""
+    sub-libraries are loaded every libcudnn.so.9 of the process uses them."""
     import torch
     import transformer_engine.pytorch  # noqa: F401  (loads its cuDNN)
 
