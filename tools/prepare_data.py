@@ -18,6 +18,7 @@ exit status 2.
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 import sys
@@ -98,16 +99,11 @@ def input_files(inputs: list[Path]) -> list[Path]:
 
 
 def paragraphs(stream: IO[bytes]) -> Iterator[Unit]:
-    start, held = 0, []
-    for number, line in enumerate(stream, start=1):
-        if line.strip():
-            start = start or number
-            held.append(line)
-        elif held:
-            yield start, b"".join(held).rstrip(b"\r\n")
-            start, held = 0, []
-    if held:
-        yield start, b"".join(held).rstrip(b"\r\n")
+    """Each run of lines that are not blank, from its first line's number."""
+    for blank, run in itertools.groupby(enumerate(stream, start=1), key=lambda unit: not unit[1].strip()):
+        if not blank:
+            held = list(run)
+            yield held[0][0], b"".join(line for _, line in held).rstrip(b"\r\n")
 
 
 def units(kind: str, plain_text: str, stream: IO[bytes]) -> Iterator[Unit]:
@@ -175,10 +171,8 @@ def text_of(kind: str, source: str, number: int, data: bytes) -> str:
 
 def encode(chunk: Chunk) -> Encoded:
     kind, source, held = chunk
-    texts = []
     try:
-        for number, data in held:
-            texts.append(text_of(kind, source, number, data))
+        texts = [text_of(kind, source, number, data) for number, data in held]
     except InputError as error:
         return numpy.zeros(0, WORKER["dtype"]), numpy.zeros(0, numpy.int64), 0, str(error)
     kept = [text for text in texts if text.strip()]
