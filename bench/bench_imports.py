@@ -49,8 +49,7 @@ def imports(recipe: str, import_all: bool) -> dict:
     seconds: dict[str, float] = defaultdict(float)
     modules: dict[str, int] = defaultdict(int)
     for line in done.stderr.splitlines():
-        match = IMPORTTIME.match(line)
-        if match:
+        if match := IMPORTTIME.match(line):
             seconds[group(match[2])] += int(match[1]) / 1e6
             modules[group(match[2])] += 1
     return {"returncode": done.returncode, "wall_s": round(wall, 2), "seconds": seconds, "modules": modules}

@@ -80,12 +80,8 @@ def mutmut(copy: Path, *args: str, log: Path | None = None) -> str:
 
 def outcomes(copy: Path) -> dict[str, str]:
     """Each mutant's outcome, from `mutmut results --all true` ("    NAME: OUTCOME" lines)."""
-    found = {}
-    for line in mutmut(copy, "results", "--all", "true").splitlines():
-        name, _, outcome = line.strip().rpartition(": ")
-        if name:
-            found[name] = outcome
-    return found
+    parts = (line.strip().rpartition(": ") for line in mutmut(copy, "results", "--all", "true").splitlines())
+    return {name: outcome for name, _, outcome in parts if name}
 
 
 def run_module(work_dir: Path, module: str, args: argparse.Namespace) -> dict[str, str]:
