@@ -107,9 +107,8 @@ def turn_figures(record: dict, step_times: dict[str, dict]) -> tuple[dict, dict]
         steps = counted_steps(times, turn["began"], turn["ended"], record["settle"])
         counted[arm] += steps
         if steps:
-            throughput[(arm, index)] = record["arms"][arm]["tokens_per_step"] / statistics.median(
-                times[step][1] for step in steps
-            )
+            median_s = statistics.median(times[step][1] for step in steps)
+            throughput[(arm, index)] = record["arms"][arm]["tokens_per_step"] / median_s
     return throughput, counted
 
 
