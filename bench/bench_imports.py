@@ -13,11 +13,9 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
-from bench import report
+from bench import launches, report
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPES = ("recipes/tiny_gpt_pretrain.py", "recipes/llama3_8b_h200_fp8cs_pretrain.py")
 # How modules are summed: the first prefix a module's name starts with, else its top-level package.
 GROUPS = (
@@ -44,15 +42,14 @@ def group(module: str) -> str:
 def imports(recipe: str, import_all: bool) -> dict:
     """One --check under importtime: seconds and module count of each group, and the wall seconds."""
     env = {**os.environ, "SRUN_SH_IMPORT_ALL": str(int(import_all)), "RUN_ID": "bench-imports"}
-    command = [sys.executable, "-X", "importtime", str(REPO / "entrypoint.py"), recipe, "--check"]
+    command = [sys.executable, "-X", "importtime", str(launches.REPO / "entrypoint.py"), recipe, "--check"]
     started = time.monotonic()
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, cwd=launches.REPO, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
     seconds: dict[str, float] = defaultdict(float)
     modules: dict[str, int] = defaultdict(int)
     for line in done.stderr.splitlines():
-        match = IMPORTTIME.match(line)
-        if match:
+        if match := IMPORTTIME.match(line):
             seconds[group(match[2])] += int(match[1]) / 1e6
             modules[group(match[2])] += 1
     return {"returncode": done.returncode, "wall_s": round(wall, 2), "seconds": seconds, "modules": modules}
@@ -79,10 +76,7 @@ def recipe_table(recipe: str, runs: dict[bool, list[dict]]) -> list[str]:
         walls = [run["wall_s"] for run in arm]
         lines.append(f"\n{label}: imports {totals} s, --check wall {walls} s (exit {[r['returncode'] for r in arm]})")
     ratios = [d["wall_s"] / w["wall_s"] for w, d in zip(runs[True], runs[False], strict=True)]
-    lines.append(
-        f"\ndeferred/whole --check wall, round by round: median {statistics.median(ratios):.3f},"
-        f" range {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)}"
-    )
+    lines.append(f"\ndeferred/whole --check wall, round by round: {launches.spread(ratios)}")
     return lines
 
 

@@ -51,12 +51,7 @@ def case_command(case: str, gpus: int, layers: int | None) -> tuple[str, tuple[s
 
 def marks(lines: list[tuple[float, str]]) -> dict[str, float | None]:
     """Seconds to the first line of each marker; None where no line matched."""
-    found: dict[str, float | None] = dict.fromkeys(MARKERS)
-    for at, text in lines:
-        for name, pattern in MARKERS.items():
-            if found[name] is None and pattern.search(text):
-                found[name] = at
-    return found
+    return {name: next((at for at, text in lines if pattern.search(text)), None) for name, pattern in MARKERS.items()}
 
 
 def phase_seconds(mark: dict[str, float | None]) -> dict[str, float | None]:

@@ -139,10 +139,6 @@ class Launch:
     def resume(self) -> None:
         self.seen |= signal_tree(self.process.pid, signal.SIGCONT)
 
-    def stop(self) -> None:
-        self.terminate()
-        self.reap()
-
     def terminate(self) -> None:
         """SIGTERM to the launcher's process group, once: srun.sh and torchrun pass it on to their ranks, which run in
         sessions of their own (a SIGKILL would leave them on the GPUs); a second could catch a rank in its exit.
@@ -153,9 +149,10 @@ class Launch:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
 
-    def reap(self) -> None:
-        """Wait a minute for the launcher after terminate(), then SIGKILL its group; then SIGKILL every process of its
-        tree seen so far that is still there, such as a data loader worker that a failed rank left behind."""
+    def stop(self) -> None:
+        """terminate(), wait a minute for the launcher, then SIGKILL its group; then SIGKILL every process of its tree
+        seen so far that is still there, such as a data loader worker that a failed rank left behind."""
+        self.terminate()
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:

@@ -52,6 +52,7 @@ SKIP = shutil.ignore_patterns(
     ".git", ".venv", "mutants", "outputs", "__pycache__", ".devkit", ".deepep", ".whl", ".cudnn"
 )
 OUTCOMES = ("killed", "survived", "timeout", "no tests")
+HEADER = "| module | mutants | killed | survived | timed out | no tests | other | score: (killed + timed out) / all |"
 
 
 def module_copy(work_dir: Path, module: str, tests: list[str]) -> Path:
@@ -79,12 +80,8 @@ def mutmut(copy: Path, *args: str, log: Path | None = None) -> str:
 
 def outcomes(copy: Path) -> dict[str, str]:
     """Each mutant's outcome, from `mutmut results --all true` ("    NAME: OUTCOME" lines)."""
-    found = {}
-    for line in mutmut(copy, "results", "--all", "true").splitlines():
-        name, _, outcome = line.strip().rpartition(": ")
-        if name:
-            found[name] = outcome
-    return found
+    parts = (line.strip().rpartition(": ") for line in mutmut(copy, "results", "--all", "true").splitlines())
+    return {name: outcome for name, _, outcome in parts if name}
 
 
 def run_module(work_dir: Path, module: str, args: argparse.Namespace) -> dict[str, str]:
@@ -125,14 +122,9 @@ def main() -> None:
         found = run_module(work_dir, module, args)
         rows.append(table_row(module, found))
         print(rows[-1], flush=True)
-        survivors = sorted(name for name, outcome in found.items() if outcome == "survived")
-        for name in survivors:
+        for name in sorted(name for name, outcome in found.items() if outcome == "survived"):
             print(mutmut(work_dir / Path(module).stem, "show", name) if args.show_survivors else f"  survived: {name}")
-    print(
-        "\n| module | mutants | killed | survived | timed out | no tests | other | score: (killed + timed out) / all |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print("", HEADER, "|---|" + "---|" * 7, *rows, sep="\n")
 
 
 if __name__ == "__main__":

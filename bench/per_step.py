@@ -19,14 +19,6 @@ def counted_steps(step_times: dict[int, tuple[float, float]], began: float, ende
     return sorted(step for step, (wall, _) in step_times.items() if began < wall <= ended)[1 + settle :]
 
 
-def turn_throughput(
-    step_times: dict[int, tuple[float, float]], turn: dict, settle: int, tokens_per_step: int
-) -> float | None:
-    """Tokens per second in one turn: tokens per step over the median counted step."""
-    steps = counted_steps(step_times, turn["began"], turn["ended"], settle)
-    return tokens_per_step / statistics.median(step_times[step][1] for step in steps) if steps else None
-
-
 def spread(values: list[float]) -> dict | None:
     """Median, quartiles (inclusive) and range."""
     if not values:
@@ -57,16 +49,12 @@ def block_rounds(block: dict, turns: list[dict], throughput: dict[tuple[str, int
     """Per round, each other arm's throughput over the reference's (the block's first arm), in rounds where both
     have one. throughput: {(arm, turn index): tokens/s}."""
     reference, *others = block["arms"]
-    by_round: dict[int, dict[str, float]] = {}
-    for index, turn in enumerate(turns):
-        if turn["block"] == block["index"] and (index_throughput := throughput.get((turn["arm"], index))):
-            by_round.setdefault(turn["round"], {})[turn["arm"]] = index_throughput
-    ratios: dict[str, list[float]] = {arm: [] for arm in others}
-    for _, arms in sorted(by_round.items()):
-        for arm in others:
-            if reference in arms and arm in arms:
-                ratios[arm].append(round(arms[arm] / arms[reference], 4))
-    return ratios
+    rows = [
+        {"round": turn["round"], "launch": turn["arm"], "tokens_per_s": throughput.get((turn["arm"], index))}
+        for index, turn in enumerate(turns)
+        if turn["block"] == block["index"]
+    ]
+    return {arm: launches.per_round(rows, "tokens_per_s", over=(arm, reference)) for arm in others}
 
 
 def loss_gap(losses: dict[int, float], reference: dict[int, float]) -> dict | None:
@@ -110,15 +98,17 @@ def arm_figures(found: dict, counted: list[int], tokens_per_step: int, gpus: int
 
 
 def turn_figures(record: dict, step_times: dict[str, dict]) -> tuple[dict, dict]:
-    """Per turn: its throughput ({(arm, turn index): tokens/s}); per arm: its counted steps."""
+    """Per turn: its throughput, tokens per step over the median counted step ({(arm, turn index): tokens/s}); per
+    arm: its counted steps."""
     throughput: dict[tuple[str, int], float] = {}
     counted: dict[str, list[int]] = {arm: [] for arm in record["arms"]}
     for index, turn in enumerate(record["turns"]):
         arm, times = turn["arm"], step_times[turn["arm"]]
-        counted[arm] += counted_steps(times, turn["began"], turn["ended"], record["settle"])
-        tokens = record["arms"][arm]["tokens_per_step"]
-        if (value := turn_throughput(times, turn, record["settle"], tokens)) is not None:
-            throughput[(arm, index)] = value
+        steps = counted_steps(times, turn["began"], turn["ended"], record["settle"])
+        counted[arm] += steps
+        if steps:
+            median_s = statistics.median(times[step][1] for step in steps)
+            throughput[(arm, index)] = record["arms"][arm]["tokens_per_step"] / median_s
     return throughput, counted
 
 

@@ -2,8 +2,7 @@
 
 "ours" is our launch (srun.sh --local) of the plan's recipe; "upstream" is the same recipe and overrides launched the
 upstream way (torchrun bench/upstream_pretrain.py); "seed" repeats ours with another seed, which gives the run-to-run
-noise of step time and of the loss curve. The lever experiments (NaN checks, CUDA graphs, the allocator, cuDNN, NCCL
-settings) ran once and left the tree: bench/results/per-step-ab.md names the commit that holds them.
+noise of step time and of the loss curve.
 """
 
 from dataclasses import dataclass

@@ -155,8 +155,7 @@ class Turns:
             if self.pump(active=live):
                 last_progress = time.monotonic()
         live.pause()
-        ended = time.time()
-        turn = {"block": block, "round": round_index, "arm": name, "began": began, "ended": ended}
+        turn = {"block": block, "round": round_index, "arm": name, "began": began, "ended": time.time()}
         self.record["turns"].append(turn | {"last_step": live.last_step})
         if live.ended:
             self.fail(name, "ended during its turn")

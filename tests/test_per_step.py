@@ -18,8 +18,12 @@ def test_a_turn_counts_its_steps_after_the_one_that_spans_the_pause_and_the_sett
     assert per_step.counted_steps(STEPS, 100.0, 110.0, settle=1) == [13, 14, 15]
     assert per_step.counted_steps(STEPS, 100.0, 110.0, settle=0) == [12, 13, 14, 15]
     assert per_step.counted_steps(STEPS, 200.0, 210.0, settle=1) == []
-    turn = {"began": 100.0, "ended": 110.0}
-    assert per_step.turn_throughput(STEPS, turn, 1, tokens_per_step=8000) == pytest.approx(8000 / 1.0)
+    record = {
+        "settle": 1,
+        "arms": {"a": {"tokens_per_step": 8000}},
+        "turns": [{"arm": "a", "began": 100.0, "ended": 110.0}],
+    }
+    assert per_step.turn_figures(record, {"a": STEPS}) == ({("a", 0): pytest.approx(8000 / 1.0)}, {"a": [13, 14, 15]})
 
 
 def test_spread_is_median_quartiles_and_range_and_the_verdict_needs_the_whole_iqr_on_one_side():

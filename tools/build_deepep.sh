@@ -83,11 +83,6 @@ check_nvshmem() {
 
 NCCL_BACKEND_MINIMUM=2.29.2 # DeepEP's README-NCCL.md
 
-# MAJOR.MINOR.PATCH of the NCCL whose nccl.h is given.
-nccl_version() {
-  sed -n -E 's/^#define NCCL_(MAJOR|MINOR|PATCH) ([0-9]+).*/\2/p' "$1" | paste -sd.
-}
-
 # DeepEP's NCCL backend, over the NCCL torch loads too (the wheel's libnccl.so.2, found again through the rpath that
 # setup.py gives the extension).
 use_nccl_backend() {
@@ -96,7 +91,8 @@ use_nccl_backend() {
     die "$src has no NCCL backend (csrc/kernels/nccl_gin_backend.cu): check out DEEPEP_COMMIT of versions.txt, or unset NCCL_DIR to build with NVSHMEM" 2
   [[ -f $nccl/include/nccl.h && -f $nccl/include/nccl_device.h && -e $nccl/lib/libnccl.so.2 ]] ||
     die "NCCL_DIR=$nccl lacks include/nccl.h, include/nccl_device.h or lib/libnccl.so.2: point it at an NCCL with the Device API (the nvidia-nccl-cu13 wheel's nvidia/nccl)" 2
-  version=$(nccl_version "$nccl/include/nccl.h")
+  # MAJOR.MINOR.PATCH, from nccl.h
+  version=$(sed -n -E 's/^#define NCCL_(MAJOR|MINOR|PATCH) ([0-9]+).*/\2/p' "$nccl/include/nccl.h" | paste -sd.)
   [[ $(printf '%s\n' "$NCCL_BACKEND_MINIMUM" "$version" | sort -V | head -n 1) == "$NCCL_BACKEND_MINIMUM" ]] ||
     die "NCCL_DIR=$nccl holds NCCL $version; DeepEP's NCCL backend needs $NCCL_BACKEND_MINIMUM or newer" 2
   # setup.py links -lnccl, and the wheel ships only the soname.

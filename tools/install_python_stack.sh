@@ -37,14 +37,9 @@ pip_install() {
 # PyPI publishes nvidia-resiliency-ext only for glibc >= 2.39; its Python parts that Megatron Bridge imports run on
 # older glibc too (Debian 12 has 2.36), so there it is installed by platform override into site-packages.
 install_resiliency_ext() {
-  local version glibc site
+  local version site
   version=$(pin_of nvidia-resiliency-ext)
-  glibc=$("$PYTHON" -c 'import platform; print(platform.libc_ver()[1])')
-  if "$PYTHON" - "$glibc" <<'PY'; then
-import sys
-major, minor = (int(x) for x in sys.argv[1].split(".")[:2])
-sys.exit(0 if (major, minor) >= (2, 39) else 1)
-PY
+  if "$PYTHON" -c 'import platform, sys; sys.exit(tuple(map(int, platform.libc_ver()[1].split(".")[:2])) < (2, 39))'; then
     pip_install "nvidia-resiliency-ext==$version"
   else
     site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

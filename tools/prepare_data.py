@@ -18,13 +18,13 @@ exit status 2.
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
@@ -81,14 +81,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-# ---- Inputs --------------------------------------------------------------------------------------------------------
-
-
-def kind_of(path: Path) -> str:
-    name = path.name.removesuffix(".gz")
-    return "jsonl" if name.endswith(JSONL_SUFFIXES) else "text"
-
-
 def input_files(inputs: list[Path]) -> list[Path]:
     """The files to read, in order: each INPUT file, and the known kinds of file in each INPUT folder."""
     files: list[Path] = []
@@ -106,63 +98,42 @@ def input_files(inputs: list[Path]) -> list[Path]:
     return files
 
 
-@contextmanager
-def opened(path: Path) -> Iterator[tuple[IO[bytes], Callable[[], int]]]:
-    """The file's bytes (decompressed for .gz), and how far into the file on disk reading has got."""
-    with open(path, "rb") as raw:
-        if path.name.endswith(".gz"):
-            with gzip.GzipFile(fileobj=raw) as stream:
-                yield stream, raw.tell
-        else:
-            yield raw, raw.tell
-
-
-def lines(stream: IO[bytes]) -> Iterator[Unit]:
-    yield from enumerate(stream, start=1)
-
-
 def paragraphs(stream: IO[bytes]) -> Iterator[Unit]:
-    start, held = 0, []
-    for number, line in lines(stream):
-        if line.strip():
-            start = start or number
-            held.append(line)
-        elif held:
-            yield start, b"".join(held).rstrip(b"\r\n")
-            start, held = 0, []
-    if held:
-        yield start, b"".join(held).rstrip(b"\r\n")
+    """Each run of lines that are not blank, from its first line's number."""
+    for blank, run in itertools.groupby(enumerate(stream, start=1), key=lambda unit: not unit[1].strip()):
+        if not blank:
+            held = list(run)
+            yield held[0][0], b"".join(line for _, line in held).rstrip(b"\r\n")
 
 
 def units(kind: str, plain_text: str, stream: IO[bytes]) -> Iterator[Unit]:
     if kind == "jsonl":
-        return lines(stream)
+        return enumerate(stream, start=1)
     if plain_text == "file":
         return iter([(1, stream.read())])
     if plain_text == "paragraph":
         return paragraphs(stream)
-    return ((number, line.rstrip(b"\r\n")) for number, line in lines(stream))
+    return ((number, line.rstrip(b"\r\n")) for number, line in enumerate(stream, start=1))
 
 
 def chunks(files: list[Path], plain_text: str) -> Iterator[tuple[Chunk, int]]:
     """The inputs in chunks for the workers, each with the bytes of input files it took (for the progress bar)."""
     for path in files:
-        kind = kind_of(path)
-        with opened(path) as (stream, position):
+        kind = "jsonl" if path.name.removesuffix(".gz").endswith(JSONL_SUFFIXES) else "text"
+        # stream: the file's bytes, decompressed for .gz; raw.tell(): how far into the file on disk reading has got.
+        with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw as stream:
             held: list[Unit] = []
             size = reported = 0
             for unit in units(kind, plain_text, stream):
                 held.append(unit)
                 size += len(unit[1])
                 if size >= CHUNK_BYTES or len(held) >= CHUNK_DOCUMENTS:
-                    yield (kind, str(path), held), position() - reported
-                    reported = position()
+                    yield (kind, str(path), held), raw.tell() - reported
+                    reported = raw.tell()
                     held, size = [], 0
             if held or reported == 0:
-                yield (kind, str(path), held), position() - reported
+                yield (kind, str(path), held), raw.tell() - reported
 
-
-# ---- Workers ---------------------------------------------------------------------------------------------------------
 
 WORKER: dict = {}
 
@@ -200,10 +171,8 @@ def text_of(kind: str, source: str, number: int, data: bytes) -> str:
 
 def encode(chunk: Chunk) -> Encoded:
     kind, source, held = chunk
-    texts = []
     try:
-        for number, data in held:
-            texts.append(text_of(kind, source, number, data))
+        texts = [text_of(kind, source, number, data) for number, data in held]
     except InputError as error:
         return numpy.zeros(0, WORKER["dtype"]), numpy.zeros(0, numpy.int64), 0, str(error)
     kept = [text for text in texts if text.strip()]
@@ -216,9 +185,6 @@ def encode(chunk: Chunk) -> Encoded:
         ids[end + length - 1] = WORKER["eod"]
         end += length
     return ids, lengths, len(texts) - len(kept), None
-
-
-# ---- Tokenizer and output ------------------------------------------------------------------------------------------
 
 
 def load_tokenizer(directory: Path) -> tuple[str, int, int]:
@@ -263,13 +229,6 @@ def output_paths(prefix: str, overwrite: bool) -> tuple[Path, Path]:
     return bin_path, idx_path
 
 
-def create_folder(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise InputError(f"cannot create {path} for --output-prefix: {error.strerror}") from None
-
-
 class LinePerUpdate:
     """Where tqdm writes when stderr is a log, not a terminal: each update becomes a line of its own."""
 
@@ -288,14 +247,11 @@ class LinePerUpdate:
 def progress_bar(total: int, interval: float) -> "tqdm":
     from tqdm import tqdm
 
+    bytes_read = {"total": total, "unit": "B", "unit_scale": True, "unit_divisor": 1024, "desc": "prepare_data.py"}
     if sys.stderr.isatty():
-        return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare_data.py", mininterval=0.5)
+        return tqdm(**bytes_read, mininterval=0.5)
     return tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc="prepare_data.py",
+        **bytes_read,
         file=LinePerUpdate(sys.stderr),
         mininterval=interval,
         maxinterval=max(interval, 10.0),
@@ -303,14 +259,14 @@ def progress_bar(total: int, interval: float) -> "tqdm":
     )
 
 
-# ---- Main ----------------------------------------------------------------------------------------------------------
-
-
 def prepare(args: argparse.Namespace) -> None:
     files = input_files(args.inputs)
     bin_path, idx_path = output_paths(args.output_prefix, args.overwrite)
     tokenizer_json, eod, vocab_size = load_tokenizer(args.tokenizer)
-    create_folder(bin_path.parent)
+    try:
+        bin_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"cannot create {bin_path.parent} for --output-prefix: {error.strerror}") from None
 
     import logging
     import multiprocessing
@@ -320,6 +276,7 @@ def prepare(args: argparse.Namespace) -> None:
 
     dtype = DType.optimal_dtype(vocab_size)  # what Megatron's preprocessing picks: uint16 below 65500 tokens
     partial_bin, partial_idx = Path(f"{bin_path}.partial"), Path(f"{idx_path}.partial")
+    read = sum(p.stat().st_size for p in files)
     start = time.monotonic()
     documents = tokens = skipped = 0
     context = multiprocessing.get_context("spawn")  # workers import numpy and tokenizers only, not this process's torch
@@ -328,7 +285,7 @@ def prepare(args: argparse.Namespace) -> None:
         builder = IndexedDatasetBuilder(str(partial_bin), dtype=dtype)
         with (
             context.Pool(args.workers, initializer=start_worker, initargs=initargs) as pool,
-            progress_bar(sum(p.stat().st_size for p in files), args.progress_interval) as bar,
+            progress_bar(read, args.progress_interval) as bar,
         ):
             for (ids, lengths, empty, problem), taken in in_order(pool, chunks(files, args.plain_text), args.workers):
                 if problem:
@@ -350,7 +307,6 @@ def prepare(args: argparse.Namespace) -> None:
         partial_bin.unlink(missing_ok=True)
         partial_idx.unlink(missing_ok=True)
     seconds = time.monotonic() - start
-    read = sum(p.stat().st_size for p in files)
     print(
         f"prepare_data.py: wrote {args.output_prefix}.bin/.idx: {documents:,} documents, {tokens:,} tokens"
         f" ({dtype.__name__}), {bin_path.stat().st_size:,} bytes, from {read:,} bytes of {len(files)} file(s)"

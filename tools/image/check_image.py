@@ -34,6 +34,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+import psutil
+
 NCCL_WHEEL = "nvidia-nccl-cu13"
 CUDNN_WHEEL = "nvidia-cudnn-cu13"
 NET_PLUGIN = "libnccl-net.so"
@@ -65,12 +67,8 @@ def pinned_version(versions: Path, section: str, package: str) -> str:
 
 def mapped_libraries(pattern: str) -> set[str]:
     """Paths of the shared libraries this process has mapped whose file name matches pattern."""
-    paths = set()
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and re.fullmatch(pattern, Path(fields[5]).name):
-            paths.add(str(Path(fields[5]).resolve()))
-    return paths
+    paths = {Path(mapped.path) for mapped in psutil.Process().memory_maps()}
+    return {str(path.resolve()) for path in paths if re.fullmatch(pattern, path.name)}
 
 
 def loader_paths(soname: str) -> list[str]:
@@ -139,10 +137,8 @@ def check_pip_keeps_nccl(expected: str) -> None:
 
 def check_cudnn(expected: str) -> str:
     """torch and Transformer Engine run the pinned cuDNN wheel and map no other cuDNN; returns its version.
-
     Transformer Engine looks in CUDNN_PATH, CUDA_HOME and the loader's path before the wheel, and once one copy's
-    sub-libraries are loaded every libcudnn.so.9 of the process uses them: the GPU machine of our benchmarks ran
-    attention on its system cuDNN 9.14 beneath torch's 9.19 that way, which torch.backends.cudnn then refuses."""
+    sub-libraries are loaded every libcudnn.so.9 of the process uses them."""
     import torch
     import transformer_engine.pytorch  # noqa: F401  (loads its cuDNN)
 
