@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from launcher.host.plan import LaunchPlan
+from launcher.host.slurm import config
 
 PYXIS_PLUGIN = "spank_pyxis.so"
 TRUE = ("1", "true", "yes", "y")  # what pyxis's parse_bool takes as true
@@ -45,21 +46,6 @@ class Pyxis:
     @property
     def squashfuse(self) -> bool:
         return self.options.get("use_squashfuse", "") in TRUE
-
-
-def plugstack_file() -> str | None:
-    """PlugStackConfig as `scontrol show config` names it; None without an answer."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "PlugStackConfig":
-            return value.strip()
-    return None
 
 
 def plugstack_lines(path: Path, depth: int = 0) -> list[list[str]]:
@@ -134,13 +120,13 @@ def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: st
     return f"container start: {how} {steps_part}; use_squashfuse=1 in pyxis's plugstack line skips it ({MEASURED})"
 
 
-def plan_start(plan: LaunchPlan, name: str) -> tuple[str, str]:
+def plan_start(plan: LaunchPlan) -> tuple[str, str]:
     """The container this launch's steps share (empty: none), and the header's line on how its steps start; a shared
     one becomes the steps' --container-name."""
     if not plan.container or plan.local:
         return "", ""
-    steps = 2 if plan.health and not plan.health_only else 1
-    pyxis = read_pyxis(plugstack_file())
+    name, steps = plan.container_name, 2 if plan.health and not plan.health_only else 1
+    pyxis = read_pyxis(config("PlugStackConfig"))
     image = Path(plan.image)
     shared = ""
     if steps > 1 and not name and not pyxis.squashfuse:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+from launcher.host.slurm import job_state
 from launcher.run_files import RankEnd, rank_ends
 
 TASK_EXIT = re.compile(rb": tasks? [0-9,-]+: Exited with exit code [0-9]+$")
@@ -66,22 +66,6 @@ def report_launcher_notes(notes: list[bytes], log: Path, local: bool) -> None:
     who = "torchrun" if local else "srun"
     say(f"srun.sh: the launch failed before any rank started; {who} said ({log}):\n")
     say(indented(said))
-
-
-def job_state(job: str) -> str:
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "--oneliner", job],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=30,
-            check=False,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    found = re.search(r" JobState=([^ ]*)", out)
-    return found.group(1) if found and found.group(1) else "no longer known to SLURM"
 
 
 def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool) -> None:
