@@ -85,19 +85,11 @@ def run_port(run_root: str, run_base: str, taken: int) -> str:
     return str(PORT_BASE + (checksum + taken) % PORT_SPAN)
 
 
-def make_dir(path: str) -> str:
-    """The error that creating PATH (mode 700) gave, as the shell's tools word it; empty on success."""
-    try:
-        with private_files():
-            os.mkdir(path)
-    except OSError as error:
-        return error.strerror or str(error)
-    return ""
-
-
-def unwritable(path: str, why: str) -> BadInputError:
+def unwritable(path: str, error: OSError) -> BadInputError:
+    """The refusal of a run folder that could not be created, with the error as the shell's tools word it."""
     return BadInputError(
-        f"cannot create the run folder {q(path)} ({why}): set SRUNSH_OUTPUT_ROOT to a folder you can write"
+        f"cannot create the run folder {q(path)} ({error.strerror or error}): set SRUNSH_OUTPUT_ROOT to a folder you"
+        " can write"
     )
 
 
@@ -108,14 +100,18 @@ def claim_run_dir(plan: LaunchPlan, new_run: bool) -> int:
         with private_files():
             os.makedirs(plan.run_root, exist_ok=True)
     except OSError as error:
-        raise unwritable(plan.run_root, error.strerror or str(error)) from None
+        raise unwritable(plan.run_root, error) from None
     base, taken = plan.run_id, 0
-    while new_run and (error := make_dir(plan.run_dir)):
-        if not os.path.lexists(plan.run_dir):
-            raise unwritable(plan.run_dir, error)
-        taken += 1
-        plan.run_id = f"{base}-{taken + 1}"
     with private_files():
+        while new_run:
+            try:
+                os.mkdir(plan.run_dir)
+                break
+            except OSError as error:
+                if not os.path.lexists(plan.run_dir):
+                    raise unwritable(plan.run_dir, error) from None
+            taken += 1
+            plan.run_id = f"{base}-{taken + 1}"
         os.makedirs(f"{plan.run_dir}/logs", exist_ok=True)
     lock_run(plan.run_id, f"{plan.run_dir}/.lock")
     return taken

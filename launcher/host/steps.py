@@ -56,13 +56,8 @@ class Step:
                 on_idle()
             time.sleep(POLL_S)
         notes.join()
-        return self.status()
-
-    def status(self) -> int:
-        """The command's exit status as the shell gives it (128+N for a signal)."""
-        assert self.process is not None
         code = self.process.returncode
-        return 128 - code if code < 0 else code
+        return 128 - code if code < 0 else code  # as the shell gives it: 128+N for a signal
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -12,6 +12,7 @@ line on stderr, exit 2, before anything starts.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,7 +125,7 @@ class Supervisor:
     def launch_watched(self, launch: list[str]) -> int:
         """The launch, watched for a hang; its status."""
         # An earlier launch's records: the ranks register afresh.
-        run_files.remove_tree(run_files.at(self.plan.run_dir, run_files.HANG))
+        shutil.rmtree(run_files.at(self.plan.run_dir, run_files.HANG), ignore_errors=True)
         stalled, stop_watch = threading.Event(), threading.Event()
         if self.plan.hang_timeout_s != "off":
             fixed = float(self.plan.hang_timeout_s) if self.plan.hang_timeout_s else None
@@ -146,15 +147,15 @@ class Supervisor:
             f"# srun.sh: health check of {len(plan.hosts)} node(s) x {plan.ranks_per_node} rank(s), each part within"
             f" {plan.health_timeout_s}s (SRUNSH_HEALTH_TIMEOUT_S)"
         )
-        result = run_files.at(plan.run_dir, run_files.HEALTH_JSON)
-        run_files.remove(result)
+        result = Path(run_files.at(plan.run_dir, run_files.HEALTH_JSON))
+        result.unlink(missing_ok=True)
         report = ["python3", str(HEALTH_REPORT), plan.run_dir, "--timeout", plan.health_timeout_s, "--nodes"]
         report += [",".join(plan.hosts), "--ranks-per-node", str(plan.ranks_per_node), "--", *health_launch]
         self.step = Step(report, self.log, plan.local)
         status = self.step.run()
         run_files.remove_rank_statuses(plan.run_dir)  # the check's: the launch's own failure report reads these
         self.exit_if_stopped()
-        if not os.path.isfile(result) or not os.path.getsize(result):
+        if not result.is_file() or not result.stat().st_size:
             say(f"srun.sh: the health check ended before it judged the nodes; the end of {self.log}:")
             sys.stderr.buffer.write(log_end(Path(self.log)))
             raise SystemExit(1)
@@ -276,7 +277,7 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
         command.say_environment_knobs(plan, "", None)
         return 0
     run_files.remove_rank_statuses(plan.run_dir)
-    run_files.remove(run_files.at(plan.run_dir, run_files.USAGE_ERROR))
+    Path(run_files.at(plan.run_dir, run_files.USAGE_ERROR)).unlink(missing_ok=True)
     plans.write(plan, run_files.at(plan.run_dir, run_files.LAUNCH_PLAN))
     header(plan, resuming, container_line, inprocess_line)
     supervisor = Supervisor(plan, limit, shared)
