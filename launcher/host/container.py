@@ -1,9 +1,7 @@
 """How pyxis starts this launch's container steps, and the container a launch of several of them shares.
 
-`plan_start` gives the name of the container this launch's steps share (empty: none), and one line for the launch
-header that says which start path the launch takes; `remove` takes the shared one off every node. pyxis's settings
-come from its line in the cluster's plugstack configuration (`scontrol show config` names the file; `include` lines
-are followed).
+pyxis's settings come from its line in the cluster's plugstack configuration (`scontrol show config` names the file;
+`include` lines are followed).
 
 pyxis's default unpacks the image into an unnamed container on every node at every step, and removes it when the step
 ends. A launch of more than one container step (the health check, then training) pays that once per step; with a
@@ -112,12 +110,9 @@ def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: st
         how = f"no pyxis line in {where} seen from this host: if pyxis's default,"
     else:
         how = f"pyxis's default ({where} has no use_squashfuse=1):"
-    steps_part = f"unpacks {image} ({gigabytes(image)}) on every node"
-    if shared:
-        steps_part += f" once, into {shared}, which the {steps} steps share and which is removed when the launch ends"
-    else:
-        steps_part += " at every step"
-    return f"container start: {how} {steps_part}; use_squashfuse=1 in pyxis's plugstack line skips it ({MEASURED})"
+    once = f" once, into {shared}, which the {steps} steps share and which is removed when the launch ends"
+    unpacks = f"unpacks {image} ({gigabytes(image)}) on every node{once if shared else ' at every step'}"
+    return f"container start: {how} {unpacks}; use_squashfuse=1 in pyxis's plugstack line skips it ({MEASURED})"
 
 
 def plan_start(plan: LaunchPlan) -> tuple[str, str]:

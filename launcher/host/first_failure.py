@@ -74,10 +74,8 @@ def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool)
     cancelled = [line for line in notes if CANCELLED.search(line)][:5]
     steps = [found.group(1) for line in cancelled if (found := CANCELLED_STEP.fullmatch(line))]
     what = f"job step {os.fsdecode(steps[0])}" if steps else "every rank"
-    state = ""
-    if not local:
-        job = os.environ.get("SLURM_JOB_ID", "")
-        state = f"job {job} is {job_state(job)}; "
+    job = os.environ.get("SLURM_JOB_ID", "")
+    state = "" if local else f"job {job} is {job_state(job)}; "
     first_stop = f"rank {first.rank} on {first.host} first, with exit status {first.status}"
     say(
         f"srun.sh: {what} was stopped from outside srun.sh, no rank failed on its own ({state}every rank ended by a"

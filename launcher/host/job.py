@@ -33,16 +33,6 @@ def name_run(run_id: str, local: bool) -> tuple[str, bool]:
     return f"{os.environ.get('SLURM_JOB_ID') or 'JOBID'}-{stamp}", True
 
 
-def slurm_hosts(node_list: str) -> list[str]:
-    out = subprocess.run(["scontrol", "show", "hostnames", node_list], stdout=subprocess.PIPE, check=False).stdout
-    hosts = os.fsdecode(out).splitlines()
-    if not hosts:
-        raise BadInputError(
-            f"scontrol could not expand SLURM_JOB_NODELIST={q(node_list)}: check the SLURM client setup"
-        )
-    return hosts
-
-
 def resolve_hosts(local: bool, master_addr: str) -> tuple[list[str], str]:
     """The nodes, and the first node's address the others reach (its NodeAddr, its name, or its route)."""
     node_list = os.environ.get("SLURM_JOB_NODELIST", "")
@@ -50,27 +40,25 @@ def resolve_hosts(local: bool, master_addr: str) -> tuple[list[str], str]:
         return [os.uname().nodename], master_addr or "127.0.0.1"
     if not node_list:
         return ["NODE1"], master_addr or "NODE1"
-    hosts = slurm_hosts(node_list)
+    out = subprocess.run(["scontrol", "show", "hostnames", node_list], stdout=subprocess.PIPE, check=False).stdout
+    hosts = os.fsdecode(out).splitlines()
+    if not hosts:
+        raise BadInputError(
+            f"scontrol could not expand SLURM_JOB_NODELIST={q(node_list)}: check the SLURM client setup"
+        )
     master_addr = master_addr or master_address(hosts[:2])
     if not master_addr:
-        print(
-            f"srun.sh: no address of {hosts[0]} that other nodes reach"
-            " (scontrol's NodeAddr, getent ahostsv4, ip route): set MASTER_ADDR to its IP address",
-            file=sys.stderr,
+        raise BadInputError(
+            f"no address of {hosts[0]} that other nodes reach (scontrol's NodeAddr, getent ahostsv4, ip route):"
+            " set MASTER_ADDR to its IP address"
         )
-        raise SystemExit(2)
     return hosts, master_addr
 
 
 def cksum(data: bytes) -> int:
     """POSIX cksum's CRC of DATA (the CRC-32 of the data and its length, most significant bit first)."""
-    crc = 0
-    length = len(data)
-    tail = b""
-    while length:
-        tail += bytes([length & 0xFF])
-        length >>= 8
-    for byte in data + tail:
+    crc, length = 0, len(data)
+    for byte in data + length.to_bytes((length.bit_length() + 7) // 8, "little"):
         crc ^= byte << 24
         for _ in range(8):
             crc = ((crc << 1) ^ 0x04C11DB7) if crc & 0x80000000 else crc << 1

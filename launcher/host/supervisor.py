@@ -178,10 +178,6 @@ class Supervisor:
         if self.stopped_by:
             raise SystemExit(128 + signal.Signals[f"SIG{self.stopped_by}"].value)
 
-    @property
-    def time_limit_reached(self) -> bool:
-        return self.limit is not None and self.limit.reached
-
     def requeue(self, status: int, reason: str = "") -> int:
         """After a batch job's launch: requeue it when it stopped for its time limit, or failed with retries left.
         0 once it is requeued; otherwise the status to exit with."""
@@ -223,7 +219,7 @@ class Supervisor:
             self.check_health(command.launch_command(plan, command.rank_command(plan, health=True)))
         status = 0
         # No training once a batch job's time limit is near: from here on its USR1 stops the ranks.
-        self.training_started = not self.time_limit_reached
+        self.training_started = self.limit is None or not self.limit.reached
         if self.training_started:
             status = self.launch_watched(command.launch_command(plan, command.rank_command(plan)))
         self.exit_if_stopped()
