@@ -77,16 +77,13 @@ def read_pyxis(file: str | None) -> Pyxis:
     return Pyxis(file=file)
 
 
-def image_identity(image: Path) -> str:
-    """The image file as the file system knows it: a changed or replaced file has another identity."""
-    info = image.stat()
-    return f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
-
-
 def launch_container_name(run_id: str, image: Path, launch: str) -> str:
-    """A name no other launch, run or image gives: the run id, and a digest of the image's identity and `launch`
-    (what tells this launch from another of the same run: a requeue, a resume)."""
-    digest = hashlib.sha256(f"{image_identity(image)}|{launch}".encode()).hexdigest()[:12]
+    """A name no other launch, run or image gives: the run id, and a digest of the image file's identity (a changed or
+    replaced file has another) and `launch` (what tells this launch from another of the same run: a requeue, a
+    resume)."""
+    info = image.stat()
+    identity = f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+    digest = hashlib.sha256(f"{identity}|{launch}".encode()).hexdigest()[:12]
     return f"srunsh-{run_id}-{digest}"
 
 

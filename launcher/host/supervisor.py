@@ -32,14 +32,13 @@ from launcher.host.batch import BatchJob, say
 from launcher.host.first_failure import log_end
 from launcher.host.first_failure import report as report_failure
 from launcher.host.job import resolve_job
-from launcher.host.preflight import BadInputError, Knobs, parse_options, preflight
+from launcher.host.preflight import REPO, BadInputError, Knobs, parse_options, preflight
 from launcher.host.slurm import launch_step
 from launcher.host.steps import Step
 from launcher.restart.plan import PlanError
 from launcher.restart.plan import outcome as inprocess_outcome
 from launcher.restart.plan import plan as inprocess_plan
 
-REPO = Path(__file__).resolve().parents[2]
 HANG_REPORT = REPO / "launcher" / "hang" / "report.py"
 HEALTH_REPORT = REPO / "launcher" / "health" / "report.py"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
