@@ -43,19 +43,16 @@ parse_args() {
   while [ $# -gt 0 ]; do
     case "$1" in
       -h | --help) usage; exit 0 ;;
-      -f | --file | -i | --input | -o | --output | -n | --image)
-        if [ $# -lt 2 ] || [ -z "$2" ]; then usage_error "option $1 needs a value"; fi
-        case "$1" in
-          -f | --file) FILE="$2" ;;
-          -i | --input) INPUT="$2" ;;
-          -o | --output) OUTPUT="$2" ;;
-          -n | --image) IMAGE="$2" ;;
-        esac
-        shift 2
-        ;;
       --) shift; DOCKER_ARGS=("$@"); return ;;
+      -f | --file | -i | --input | -o | --output | -n | --image)
+        if [ $# -lt 2 ] || [ -z "$2" ]; then usage_error "option $1 needs a value"; fi ;;&
+      -f | --file) FILE="$2" ;;
+      -i | --input) INPUT="$2" ;;
+      -o | --output) OUTPUT="$2" ;;
+      -n | --image) IMAGE="$2" ;;
       *) usage_error "unknown argument '$1'" ;;
     esac
+    shift 2
   done
 }
 

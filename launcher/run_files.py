@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import glob
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,21 +53,10 @@ def write_private(path: Path, text: str) -> None:
         file.write(text)
 
 
-def remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-
-
-def remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def remove_rank_statuses(run_dir: str) -> None:
     """An earlier step's rank-R.status files: the failure report reads those of the step that just ended."""
     for path in glob.glob(f"{glob.escape(run_dir)}/logs/rank-*.status"):
-        remove(path)
+        Path(path).unlink(missing_ok=True)
 
 
 def read_text(path: str) -> str:

@@ -18,6 +18,7 @@ from launcher.assignments import Assignment, NotAssignmentError, assignment, sec
 from launcher.config import overrides
 from launcher.config.errors import UsageError, first_line
 from launcher.host import preflight
+from launcher.host.plan import LaunchPlan
 
 REPO = Path(__file__).resolve().parent.parent
 # Any text: unicode, newlines, NUL (which argv cannot carry, but the shape does not depend on it)...
@@ -61,9 +62,8 @@ def settings_before(assignments: list[str]) -> dict[str, str]:
 
 def preflight_refusal(argument: str) -> str | None:
     """What srun.sh's check on the launching host says of ./srun.sh recipe.py ARGUMENT; None where it takes it."""
-    launch = preflight.Launch(["recipe.py", argument], *[False] * 7, sbatch_args=[])
     try:
-        preflight.check_arguments(launch)
+        preflight.check_arguments(LaunchPlan(), ["recipe.py", argument])
     except preflight.BadInputError as refused:
         return str(refused)
     return None

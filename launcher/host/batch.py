@@ -11,13 +11,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 from launcher import run_files
+from launcher.host import command
 from launcher.host.plan import LaunchPlan
-from launcher.host.preflight import REPO, BadInputError
-from launcher.host.request import Knobs, checked_plan, parse_options, say_environment_knobs
+from launcher.host.preflight import REPO, BadInputError, Knobs, parse_options, preflight
 from launcher.shell_quote import q
 
 JOB_SCRIPT_HEAD = (
@@ -56,27 +55,26 @@ def submit(words: list[str], knobs: Knobs) -> int:
         )
     split = words.index("--")
     sbatch_args, launch = words[:split], words[split + 1 :]
-    args = parse_options(launch, submitting=True)
-    args.sbatch_args = sbatch_args
-    plan = checked_plan(args, knobs)
-    command = submission(sbatch_args, plan, knobs["SRUNSH_SAVE_LEAD_S"])
+    plan, recipe_words = parse_options(launch)
+    preflight(plan, recipe_words, knobs, sbatch_args)
+    sbatch = submission(sbatch_args, plan, knobs["SRUNSH_SAVE_LEAD_S"])
     script = job_script([word for word in launch if word != "--dry-run"])
-    if args.dry_run:
+    if plan.dry_run:
         out = sys.stdout.buffer
         out.write(b"# srun.sh --sbatch --dry-run: nothing was submitted. The submission, with the job script on its")
         out.write(b" stdin:\n")
-        say_environment_knobs(plan, "# ", out)
-        out.write(os.fsencode(" ".join(q(word) for word in command) + "\n" + script))
+        command.say_environment_knobs(plan, "# ", out)
+        out.write(os.fsencode(command.one_line(sbatch) + "\n" + script))
         return 0
     if shutil.which("sbatch") is None:
         raise BadInputError("sbatch is not found on this host: submit where SLURM's client commands are")
-    test = subprocess.run([*command, "--test-only"], input=script, capture_output=True, text=True, check=False)
+    test = subprocess.run([*sbatch, "--test-only"], input=script, capture_output=True, text=True, check=False)
     if test.returncode:
         raise BadInputError(f"sbatch refused the job: {refusal(test.stdout + test.stderr)}")
-    say_environment_knobs(plan, "# srun.sh: ", sys.stderr.buffer)
+    command.say_environment_knobs(plan, "# srun.sh: ", sys.stderr.buffer)
     with run_files.private_files():
         os.makedirs(plan.run_root, exist_ok=True)
-    out = subprocess.run([*command, "--parsable"], input=script, stdout=subprocess.PIPE, text=True, check=True).stdout
+    out = subprocess.run([*sbatch, "--parsable"], input=script, stdout=subprocess.PIPE, text=True, check=True).stdout
     job = out.strip().split(";", 1)[0]
     run = knobs["SRUNSH_RUN_ID"] or job
     print(
@@ -86,9 +84,10 @@ def submit(words: list[str], knobs: Knobs) -> int:
     return 0
 
 
-class TimeLimit:
-    """A batch job's time limit: SLURM signals USR1 SRUNSH_SAVE_LEAD_S before it (sbatch --signal=B:USR1), or up to a
-    minute earlier (slurmctld looks at time limits every 30 s), so it may come before training starts."""
+class BatchJob:
+    """A batch job's knobs and its time limit: SLURM signals USR1 SRUNSH_SAVE_LEAD_S before it (sbatch
+    --signal=B:USR1), or up to a minute earlier (slurmctld looks at time limits every 30 s), so it may come before
+    training starts."""
 
     def __init__(self, knobs: Knobs) -> None:
         self.knobs = knobs
@@ -98,18 +97,18 @@ class TimeLimit:
 
     def handle(self, _number: int, _frame: object) -> None:
         self.reached = True
-        if self.on_reach is not None:
-            self.on_reach()
-            return
+        (self.on_reach or self.say_untrained)()
+
+    def say_untrained(self) -> None:
         say(
             f"srun.sh: job {os.environ.get('SLURM_JOB_ID', '')} reaches its time limit in"
             f" {self.knobs['SRUNSH_SAVE_LEAD_S']}s before training started: it starts no training and requeues itself"
         )
 
 
-def trap_time_limit(knobs: Knobs) -> TimeLimit:
+def trap_time_limit(knobs: Knobs) -> BatchJob:
     """From the job's start, or SLURM's USR1 would end it; the job's run is the job's id unless the user named one."""
-    limit = TimeLimit(knobs)
+    limit = BatchJob(knobs)
     if not knobs["SRUNSH_RUN_ID"]:
         job = os.environ.get("SLURM_JOB_ID", "")
         if not job:
@@ -117,46 +116,3 @@ def trap_time_limit(knobs: Knobs) -> TimeLimit:
             raise SystemExit(1)
         knobs["SRUNSH_RUN_ID"] = job
     return limit
-
-
-def failures_so_far(history: str) -> int:
-    return sum(": failed " in line for line in run_files.read_text(history).splitlines())
-
-
-def requeue(
-    status: int,
-    reason: str,
-    plan: LaunchPlan,
-    knobs: Knobs,
-    *,
-    reached: bool,
-    training_started: bool,
-    stopped_by: str,
-    before_requeue: Callable[[], None],
-) -> int:
-    """After a batch job's launch: requeue it when it stopped for its time limit, or failed with retries left.
-    0 once it is requeued; otherwise the status to exit with."""
-    history, job = run_files.at(plan.run_dir, run_files.REQUEUES_LOG), os.environ.get("SLURM_JOB_ID", "")
-    if reached and training_started:
-        reason = f"saved before the time limit (exit status {status})"
-    elif reached:
-        reason = reason or "its time limit came before training started"
-    elif status and not stopped_by:
-        failures, retries = failures_so_far(history), int(knobs["SRUNSH_MAX_RETRIES"])
-        if failures >= retries:
-            say(
-                f"srun.sh: job {job} failed, and is not requeued: it was requeued after {failures} failure(s) already"
-                f" (SRUNSH_MAX_RETRIES={retries})"
-            )
-            return status
-        reason = reason or f"failed with exit status {status}"
-    else:
-        return status
-    with open(history, "a") as file:
-        restart = os.environ.get("SLURM_RESTART_COUNT") or 0
-        file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job {job} restart {restart}: {reason}\n")
-    say(f"srun.sh: {reason}: requeueing job {job}, which resumes run {plan.run_id} from its latest checkpoint")
-    before_requeue()  # while the job's allocation is still there
-    if subprocess.run(["scontrol", "requeue", job], check=False).returncode:
-        return status
-    return 0

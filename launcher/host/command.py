@@ -8,6 +8,8 @@ placement) changes where the ranks go; with --local, torchrun on this host.
 from __future__ import annotations
 
 import os
+import sys
+from typing import BinaryIO
 
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import HEALTH_PROGRAM
@@ -110,3 +112,15 @@ def dry_run_text(plan: LaunchPlan) -> str:
     lines.append("# Launch command:")
     lines.append(one_line(launch_command(plan, rank_command(plan))))
     return "\n".join(lines) + "\n"
+
+
+def say_environment_knobs(plan: LaunchPlan, prefix: str, out: BinaryIO | None) -> None:
+    """The line that names the knobs the environment set, after PREFIX, on OUT (None: said already); and, on
+    stderr, the old names it did not read."""
+    if plan.env_knobs and out is not None:
+        out.write(os.fsencode(f"{prefix}knobs from the environment: {plan.env_knobs}\n"))
+        out.flush()
+    if plan.env_ignored:
+        message = f"srun.sh: not read, since srun.sh's knobs have the SRUNSH_ prefix: {plan.env_ignored}\n"
+        sys.stderr.buffer.write(os.fsencode(message))
+        sys.stderr.flush()

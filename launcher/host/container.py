@@ -1,9 +1,7 @@
 """How pyxis starts this launch's container steps, and the container a launch of several of them shares.
 
-`plan_start` gives the name of the container this launch's steps share (empty: none), and one line for the launch
-header that says which start path the launch takes; `remove` takes the shared one off every node. pyxis's settings
-come from its line in the cluster's plugstack configuration (`scontrol show config` names the file; `include` lines
-are followed).
+pyxis's settings come from its line in the cluster's plugstack configuration (`scontrol show config` names the file;
+`include` lines are followed).
 
 pyxis's default unpacks the image into an unnamed container on every node at every step, and removes it when the step
 ends. A launch of more than one container step (the health check, then training) pays that once per step; with a
@@ -24,6 +22,7 @@ import time
 from pathlib import Path
 
 from launcher.host.plan import LaunchPlan
+from launcher.host.slurm import config
 
 PYXIS_PLUGIN = "spank_pyxis.so"
 TRUE = ("1", "true", "yes", "y")  # what pyxis's parse_bool takes as true
@@ -45,21 +44,6 @@ class Pyxis:
     @property
     def squashfuse(self) -> bool:
         return self.options.get("use_squashfuse", "") in TRUE
-
-
-def plugstack_file() -> str | None:
-    """PlugStackConfig as `scontrol show config` names it; None without an answer."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "PlugStackConfig":
-            return value.strip()
-    return None
 
 
 def plugstack_lines(path: Path, depth: int = 0) -> list[list[str]]:
@@ -93,16 +77,13 @@ def read_pyxis(file: str | None) -> Pyxis:
     return Pyxis(file=file)
 
 
-def image_identity(image: Path) -> str:
-    """The image file as the file system knows it: a changed or replaced file has another identity."""
-    info = image.stat()
-    return f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
-
-
 def launch_container_name(run_id: str, image: Path, launch: str) -> str:
-    """A name no other launch, run or image gives: the run id, and a digest of the image's identity and `launch`
-    (what tells this launch from another of the same run: a requeue, a resume)."""
-    digest = hashlib.sha256(f"{image_identity(image)}|{launch}".encode()).hexdigest()[:12]
+    """A name no other launch, run or image gives: the run id, and a digest of the image file's identity (a changed or
+    replaced file has another) and `launch` (what tells this launch from another of the same run: a requeue, a
+    resume)."""
+    info = image.stat()
+    identity = f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+    digest = hashlib.sha256(f"{identity}|{launch}".encode()).hexdigest()[:12]
     return f"srunsh-{run_id}-{digest}"
 
 
@@ -126,21 +107,18 @@ def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: st
         how = f"no pyxis line in {where} seen from this host: if pyxis's default,"
     else:
         how = f"pyxis's default ({where} has no use_squashfuse=1):"
-    steps_part = f"unpacks {image} ({gigabytes(image)}) on every node"
-    if shared:
-        steps_part += f" once, into {shared}, which the {steps} steps share and which is removed when the launch ends"
-    else:
-        steps_part += " at every step"
-    return f"container start: {how} {steps_part}; use_squashfuse=1 in pyxis's plugstack line skips it ({MEASURED})"
+    once = f" once, into {shared}, which the {steps} steps share and which is removed when the launch ends"
+    unpacks = f"unpacks {image} ({gigabytes(image)}) on every node{once if shared else ' at every step'}"
+    return f"container start: {how} {unpacks}; use_squashfuse=1 in pyxis's plugstack line skips it ({MEASURED})"
 
 
-def plan_start(plan: LaunchPlan, name: str) -> tuple[str, str]:
+def plan_start(plan: LaunchPlan) -> tuple[str, str]:
     """The container this launch's steps share (empty: none), and the header's line on how its steps start; a shared
     one becomes the steps' --container-name."""
     if not plan.container or plan.local:
         return "", ""
-    steps = 2 if plan.health and not plan.health_only else 1
-    pyxis = read_pyxis(plugstack_file())
+    name, steps = plan.container_name, 2 if plan.health and not plan.health_only else 1
+    pyxis = read_pyxis(config("PlugStackConfig"))
     image = Path(plan.image)
     shared = ""
     if steps > 1 and not name and not pyxis.squashfuse:

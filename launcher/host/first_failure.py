@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+from launcher.host.slurm import job_state
 from launcher.run_files import RankEnd, rank_ends
 
 TASK_EXIT = re.compile(rb": tasks? [0-9,-]+: Exited with exit code [0-9]+$")
@@ -68,32 +68,14 @@ def report_launcher_notes(notes: list[bytes], log: Path, local: bool) -> None:
     say(indented(said))
 
 
-def job_state(job: str) -> str:
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "--oneliner", job],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=30,
-            check=False,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    found = re.search(r" JobState=([^ ]*)", out)
-    return found.group(1) if found and found.group(1) else "no longer known to SLURM"
-
-
 def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool) -> None:
     """Every rank that ended was stopped by a signal that srun.sh did not send (scancel, a revoked allocation,
     preemption, a time limit): say so, with what SLURM said, instead of naming a stopped rank as the failure."""
     cancelled = [line for line in notes if CANCELLED.search(line)][:5]
     steps = [found.group(1) for line in cancelled if (found := CANCELLED_STEP.fullmatch(line))]
     what = f"job step {os.fsdecode(steps[0])}" if steps else "every rank"
-    state = ""
-    if not local:
-        job = os.environ.get("SLURM_JOB_ID", "")
-        state = f"job {job} is {job_state(job)}; "
+    job = os.environ.get("SLURM_JOB_ID", "")
+    state = "" if local else f"job {job} is {job_state(job)}; "
     first_stop = f"rank {first.rank} on {first.host} first, with exit status {first.status}"
     say(
         f"srun.sh: {what} was stopped from outside srun.sh, no rank failed on its own ({state}every rank ended by a"

@@ -10,17 +10,69 @@ import glob
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.assignments import NotAssignmentError, assignment
+from launcher.host.plan import LaunchPlan
 from launcher.shell_quote import q
 
+Knobs = dict[str, str]
+Checks = dict[str, tuple[Callable[[str], object], str]]  # a knob's name: whether a value is taken, and why not
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_PROGRAM = "launcher/health.py"  # the health check every rank runs, in this checkout
 HEALTH_RECIPE = REPO / HEALTH_PROGRAM
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 POSITIVE = re.compile(r"[1-9][0-9]*")
-OPTIONS = ("--nsys", "--dry-run", "--no-container", "--local", "--health", "-h", "--help", "--sbatch")
+# srun.sh's options, and what each sets in the launch plan.
+SWITCHES = {
+    "--nsys": {"nsys": True},
+    "--dry-run": {"dry_run": True},
+    "--no-container": {"container": False},
+    "--local": {"local": True, "container": False},
+    "--health": {"health_only": True},
+}
+OPTIONS = (*SWITCHES, "-h", "--help", "--sbatch")
+NAME_HINT = "use letters, digits, '.', '_' and '-'"
+# The knobs' checks, in the order they are made.
+KNOB_CHECKS: Checks = {
+    "SRUNSH_GPUS_PER_NODE": (
+        POSITIVE.fullmatch,
+        "is not a positive integer: set it to the GPUs per node, e.g. SRUNSH_GPUS_PER_NODE=8",
+    ),
+    "MASTER_PORT": (
+        lambda value: not value or (POSITIVE.fullmatch(value) and int(value) <= 65535),
+        "is not a port number: set 1-65535 or leave it unset",
+    ),
+    "SRUNSH_CONTAINER_NAME": (
+        lambda value: not value or NAME.fullmatch(value),
+        f"is not a container name: {NAME_HINT}, or leave it unset for an unnamed container",
+    ),
+    "SRUNSH_RUN_ID": (
+        lambda value: not value or NAME.fullmatch(value),
+        f"is not a run name: {NAME_HINT}, as in 4242-20261130-101500",
+    ),
+    "SRUNSH_HEALTH": (
+        lambda value: value in ("0", "1"),
+        "is not 0 or 1: SRUNSH_HEALTH=1 runs the health check before the launch",
+    ),
+    "SRUNSH_IMPORT_ALL": (
+        lambda value: value in ("0", "1"),
+        "is not 0 or 1: SRUNSH_IMPORT_ALL=1 makes every rank import its packages whole",
+    ),
+    "SRUNSH_HEALTH_TIMEOUT_S": (
+        POSITIVE.fullmatch,
+        "is not a positive number of seconds: e.g. SRUNSH_HEALTH_TIMEOUT_S=60",
+    ),
+    "SRUNSH_HANG_TIMEOUT_S": (
+        lambda value: value in ("", "off") or POSITIVE.fullmatch(value),
+        "is not a positive number of seconds: e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default",
+    ),
+}
+BATCH_KNOB_CHECKS: Checks = {
+    "SRUNSH_SAVE_LEAD_S": (POSITIVE.fullmatch, "is not a number of seconds: e.g. SRUNSH_SAVE_LEAD_S=300"),
+    "SRUNSH_MAX_RETRIES": (re.compile("[0-9]+").fullmatch, "is not a count: e.g. SRUNSH_MAX_RETRIES=2"),
+}
 
 
 class BadInputError(Exception):
@@ -34,36 +86,22 @@ def knob_names() -> list[str]:
     return re.findall(r"^([A-Z][A-Z0-9_]*)=", section, re.M)
 
 
-@dataclasses.dataclass
-class Launch:
-    """srun.sh's options, and the words after them: RECIPE.py and its overrides."""
-
-    words: list[str]
-    local: bool
-    container: bool
-    nsys: bool
-    dry_run: bool
-    health: bool
-    submitting: bool
-    batch_job: bool
-    sbatch_args: list[str]
-
-
-@dataclasses.dataclass
-class Plan:
-    """What the checks found: the launch's counts and paths."""
-
-    gpus_per_node: str = ""
-    cpus_per_rank: str = ""
-    image: str = ""
-    container_mounts: str = ""
-    code_dir: str = ""
-    recipe_arg: str = ""
-    run_root: str = ""
-    run_root_in: str = ""
-    task_workdir: str = ""
-    env_knobs: str = ""
-    env_ignored: str = ""
+def parse_options(words: list[str], batch_job: bool = False) -> tuple[LaunchPlan, list[str]]:
+    """A launch plan with srun.sh's options set, and the words after them: RECIPE.py and its overrides."""
+    plan = LaunchPlan(batch_job=batch_job)
+    while words and words[0].startswith("-"):
+        word, words = words[0], words[1:]
+        if word == "--sbatch":
+            raise BadInputError(
+                "--sbatch comes first: ./srun.sh --sbatch [SBATCH_OPTION ...] -- [options] RECIPE.py ..."
+            )
+        if word not in SWITCHES:
+            raise BadInputError(
+                f"unknown option {q(word)}: the options are --nsys --dry-run --no-container --local --health --sbatch"
+                " --help"
+            )
+        vars(plan).update(SWITCHES[word])
+    return plan, words
 
 
 @dataclasses.dataclass
@@ -76,8 +114,12 @@ class Mount:
     def holds_paths(self) -> bool:
         return self.src not in ("tmpfs", "umount")
 
+    @property
+    def real(self) -> str:
+        return os.path.realpath(self.src)
 
-def environment_knobs(knobs: list[str], plan: Plan) -> None:
+
+def environment_knobs(knobs: list[str], plan: LaunchPlan) -> None:
     """The knobs the environment set, for the launch's first line (a knob inherited from the host steers every launch
     from it). A name with srun.sh's prefix that is no knob is a typo, refused; a knob's name from before it had the
     prefix is not read, and the launch says so, with the new name."""
@@ -95,16 +137,15 @@ def environment_knobs(knobs: list[str], plan: Plan) -> None:
     plan.env_ignored = " ".join(ignored)
 
 
-def check_arguments(args: Launch) -> str:
+def check_arguments(plan: LaunchPlan, words: list[str]) -> str:
     """The recipe (launcher/health.py for --health) after the shape of every argument is checked."""
-    words = args.words
-    if args.health:
+    if plan.health_only:
         if words:
             raise BadInputError(
                 f"--health runs the health check alone, so {q(words[0])} has no place here:"
                 " drop it, or check before a launch with SRUNSH_HEALTH=1 ./srun.sh RECIPE.py"
             )
-        if args.nsys:
+        if plan.nsys:
             raise BadInputError("--nsys profiles training, and --health trains nothing: drop one of them")
         return str(HEALTH_RECIPE)
     if not words:
@@ -122,18 +163,11 @@ def check_arguments(args: Launch) -> str:
     return recipe
 
 
-def check_batch_knobs(knob: dict[str, str], local: bool) -> None:
-    if local:
-        raise BadInputError("--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch")
-    if not POSITIVE.fullmatch(knob["SRUNSH_SAVE_LEAD_S"]):
-        raise BadInputError(
-            f"SRUNSH_SAVE_LEAD_S={q(knob['SRUNSH_SAVE_LEAD_S'])} is not a number of seconds:"
-            " e.g. SRUNSH_SAVE_LEAD_S=300"
-        )
-    if not re.fullmatch(r"[0-9]+", knob["SRUNSH_MAX_RETRIES"]):
-        raise BadInputError(
-            f"SRUNSH_MAX_RETRIES={q(knob['SRUNSH_MAX_RETRIES'])} is not a count: e.g. SRUNSH_MAX_RETRIES=2"
-        )
+def check_knobs(checks: Checks, knob: Knobs) -> None:
+    """The first knob of CHECKS whose value it does not take is refused."""
+    for name, (takes, fix) in checks.items():
+        if not takes(knob[name]):
+            raise BadInputError(f"{name}={q(knob[name])} {fix}")
 
 
 def visible_gpus() -> int:
@@ -165,10 +199,10 @@ def min_cpus_per_node(cpus_per_node: str) -> int | None:
     return min(counts) if counts else None
 
 
-def slurm_allocation(gpus: str, dry_run: bool, plan: Plan) -> str:
+def slurm_allocation(gpus: str, plan: LaunchPlan) -> str:
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job:
-        if not dry_run:
+        if not plan.dry_run:
             raise BadInputError("not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run")
         return gpus or "8"
     if os.environ.get("SLURM_HET_SIZE"):
@@ -192,53 +226,9 @@ def slurm_allocation(gpus: str, dry_run: bool, plan: Plan) -> str:
             f" allocate whole nodes (salloc --exclusive) or at least --ntasks-per-node={gpus}"
         )
     plan.cpus_per_rank = "" if cpus is None else str(cpus // int(gpus))
-    if shutil.which("srun") is None and not dry_run:
+    if shutil.which("srun") is None and not plan.dry_run:
         raise BadInputError("srun is not found on this host: run srun.sh where SLURM's client commands are")
     return gpus
-
-
-def check_knobs(knob: dict[str, str], gpus: str) -> None:
-    if not POSITIVE.fullmatch(gpus):
-        raise BadInputError(
-            f"SRUNSH_GPUS_PER_NODE={q(gpus)} is not a positive integer: set it to the GPUs per node,"
-            " e.g. SRUNSH_GPUS_PER_NODE=8"
-        )
-    port = knob["MASTER_PORT"]
-    if port and not (POSITIVE.fullmatch(port) and int(port) <= 65535):
-        raise BadInputError(f"MASTER_PORT={q(port)} is not a port number: set 1-65535 or leave it unset")
-    name = knob["SRUNSH_CONTAINER_NAME"]
-    if name and not NAME.fullmatch(name):
-        raise BadInputError(
-            f"SRUNSH_CONTAINER_NAME={q(name)} is not a container name:"
-            " use letters, digits, '.', '_' and '-', or leave it unset for an unnamed container"
-        )
-    run_id = knob["SRUNSH_RUN_ID"]
-    if run_id and not NAME.fullmatch(run_id):
-        raise BadInputError(
-            f"SRUNSH_RUN_ID={q(run_id)} is not a run name: use letters, digits, '.', '_' and '-', as in"
-            " 4242-20261130-101500"
-        )
-    if knob["SRUNSH_HEALTH"] not in ("0", "1"):
-        raise BadInputError(
-            f"SRUNSH_HEALTH={q(knob['SRUNSH_HEALTH'])} is not 0 or 1:"
-            " SRUNSH_HEALTH=1 runs the health check before the launch"
-        )
-    if knob["SRUNSH_IMPORT_ALL"] not in ("0", "1"):
-        raise BadInputError(
-            f"SRUNSH_IMPORT_ALL={q(knob['SRUNSH_IMPORT_ALL'])} is not 0 or 1:"
-            " SRUNSH_IMPORT_ALL=1 makes every rank import its packages whole"
-        )
-    if not POSITIVE.fullmatch(knob["SRUNSH_HEALTH_TIMEOUT_S"]):
-        raise BadInputError(
-            f"SRUNSH_HEALTH_TIMEOUT_S={q(knob['SRUNSH_HEALTH_TIMEOUT_S'])} is not a positive number of seconds:"
-            " e.g. SRUNSH_HEALTH_TIMEOUT_S=60"
-        )
-    hang = knob["SRUNSH_HANG_TIMEOUT_S"]
-    if hang not in ("", "off") and not POSITIVE.fullmatch(hang):
-        raise BadInputError(
-            f"SRUNSH_HANG_TIMEOUT_S={q(hang)} is not a positive number of seconds:"
-            " e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default"
-        )
 
 
 def fields(text: str, separator: str) -> list[str]:
@@ -277,15 +267,11 @@ def parse_mounts(spec: str) -> list[Mount]:
 
 
 def mount_of(mounts: list[Mount], path: str) -> Mount | None:
-    """The SRUNSH_MOUNT entry whose source holds PATH, the longest such."""
-    best, best_len = None, -1
-    for mount in mounts:
-        if not mount.holds_paths:
-            continue
-        src = os.path.realpath(mount.src)
-        if (path == src or path.startswith(f"{src}/") or src == "/") and len(src) > best_len:
-            best, best_len = mount, len(src)
-    return best
+    """The SRUNSH_MOUNT entry whose source holds PATH, the longest such (the first of equals)."""
+    holding = [
+        m for m in mounts if m.holds_paths and (path == m.real or path.startswith(f"{m.real}/") or m.real == "/")
+    ]
+    return max(holding, key=lambda mount: len(mount.real), default=None)
 
 
 def container_path(mounts: list[Mount], path: str) -> str | None:
@@ -293,8 +279,7 @@ def container_path(mounts: list[Mount], path: str) -> str | None:
     mount = mount_of(mounts, path)
     if mount is None:
         return None
-    src = os.path.realpath(mount.src)
-    return mount.dst.rstrip("/") + path if src == "/" else mount.dst + path[len(src) :]
+    return mount.dst.rstrip("/") + path if mount.real == "/" else mount.dst + path[len(mount.real) :]
 
 
 def in_container(mounts: list[Mount], what: str, path: str, spec: str) -> str:
@@ -339,7 +324,7 @@ def check_image(image: str) -> str:
     return os.path.abspath(image)
 
 
-def container_paths(knob: dict[str, str], plan: Plan, recipe_abs: str) -> None:
+def container_paths(knob: Knobs, plan: LaunchPlan, recipe_abs: str) -> None:
     """The ranks run this checkout's code, not the copy baked into the image, so recipe and code always match."""
     plan.image = check_image(knob["SRUNSH_SQSH"])
     mounts = parse_mounts(knob["SRUNSH_MOUNT"])
@@ -352,63 +337,67 @@ def container_paths(knob: dict[str, str], plan: Plan, recipe_abs: str) -> None:
     plan.task_workdir = container_path(mounts, os.getcwd()) or plan.code_dir
 
 
-def host_paths(knob: dict[str, str], plan: Plan, recipe: str, nsys: bool) -> None:
-    python, nsys_path = knob["SRUNSH_PYTHON"], knob["SRUNSH_NSYS"]
-    if shutil.which(python) is None:
+def host_paths(plan: LaunchPlan, recipe: str) -> None:
+    if shutil.which(plan.python) is None:
         raise BadInputError(
-            f"SRUNSH_PYTHON={q(python)} is not found on this host: install it or set SRUNSH_PYTHON=/path/to/python"
+            f"SRUNSH_PYTHON={q(plan.python)} is not found on this host: install it or set SRUNSH_PYTHON=/path/to/python"
         )
-    if nsys and shutil.which(nsys_path) is None:
+    if plan.nsys and shutil.which(plan.nsys_path) is None:
         raise BadInputError(
-            f"--nsys needs nsys, but SRUNSH_NSYS={q(nsys_path)} is not found:"
+            f"--nsys needs nsys, but SRUNSH_NSYS={q(plan.nsys_path)} is not found:"
             " install Nsight Systems or set SRUNSH_NSYS=/path/to/nsys"
         )
     plan.code_dir, plan.recipe_arg, plan.run_root_in = str(REPO), recipe, plan.run_root
 
 
-def preflight(args: Launch, knob: dict[str, str]) -> Plan:
-    """Every check, in the order srun.sh has always made them: the first problem found is the one reported."""
-    plan = Plan(image=knob["SRUNSH_SQSH"])
+def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list[str] | None = None) -> None:
+    """Every check, in the order srun.sh has always made them: the first problem found is the one reported. PLAN, as
+    parse_options gave it, gets the knobs and what the checks found. SBATCH_ARGS: the launch is submitted with them."""
+    plan.image, plan.container_name = knob["SRUNSH_SQSH"], knob["SRUNSH_CONTAINER_NAME"]
+    plan.python, plan.nsys_path = knob["SRUNSH_PYTHON"], knob["SRUNSH_NSYS"]
+    plan.srun_extra_args = knob["SRUNSH_SRUN_EXTRA_ARGS"].split("\n", 1)[0].split()
+    plan.health = plan.health_only or knob["SRUNSH_HEALTH"] == "1"
+    plan.health_timeout_s, plan.hang_timeout_s = knob["SRUNSH_HEALTH_TIMEOUT_S"], knob["SRUNSH_HANG_TIMEOUT_S"]
+    plan.import_all = knob["SRUNSH_IMPORT_ALL"] == "1"
     environment_knobs(knob_names(), plan)
-    recipe = check_arguments(args)
-    if args.submitting:
-        check_batch_knobs(knob, args.local)
+    recipe = check_arguments(plan, words)
+    if sbatch_args is not None:
+        if plan.local:
+            raise BadInputError("--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch")
+        check_knobs(BATCH_KNOB_CHECKS, knob)
     if not (os.path.isfile(recipe) and os.access(recipe, os.R_OK)):
         cwd = os.environ.get("PWD") or os.getcwd()
         raise BadInputError(f"recipe {q(recipe)} is not a readable file: check the path (relative to {q(cwd)})")
     gpus = knob["SRUNSH_GPUS_PER_NODE"]
-    if args.submitting:
+    if sbatch_args is not None:
         gpus = gpus or "8"  # only for the checks here: the job takes its own from its allocation
-    elif args.local:
+    elif plan.local:
         gpus = local_gpus(gpus)
     else:
-        gpus = slurm_allocation(gpus, args.dry_run, plan)
-    plan.gpus_per_node = gpus
-    check_knobs(knob, gpus)
+        gpus = slurm_allocation(gpus, plan)
+    check_knobs(KNOB_CHECKS, {**knob, "SRUNSH_GPUS_PER_NODE": gpus})
+    plan.ranks_per_node = int(gpus)
     stem = os.path.basename(recipe).removesuffix(".py") or os.path.basename(recipe)
     plan.run_root = f"{os.path.realpath(knob['SRUNSH_OUTPUT_ROOT'])}/{stem}"
-    if args.container:
+    if plan.container:
         container_paths(knob, plan, os.path.realpath(recipe))
     else:
-        host_paths(knob, plan, recipe, args.nsys)
-    if args.submitting:
-        check_time_limit(args.sbatch_args, knob["SRUNSH_SAVE_LEAD_S"])
-    return plan
+        host_paths(plan, recipe)
+    if sbatch_args is not None:
+        check_time_limit(sbatch_args, knob["SRUNSH_SAVE_LEAD_S"])
+    plan.overrides = [] if plan.health_only else [*words[1:], *default_overrides(plan, words[1:])]
 
 
-def default_overrides(args: Launch) -> list[str]:
-    """The overrides srun.sh adds, unless the user set their names (none to the health check, which trains nothing)."""
-    if args.health:
-        return []
+def default_overrides(plan: LaunchPlan, given: list[str]) -> list[str]:
+    """The overrides srun.sh adds to the GIVEN ones, unless those set their names."""
     wanted = []
-    if args.nsys:  # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this on
+    if plan.nsys:  # nsys only records between cudaProfilerStart/Stop, which Megatron Bridge calls only with this on
         wanted.append("profiling.use_nsys_profiler=true")
-    if args.batch_job:
+    if plan.batch_job:
         # A batch job's ranks save a checkpoint and stop on SIGTERM: Megatron Bridge's own handler, off by default.
         # Its data loader workers get the same SIGTERM and need the handler too, or their death fails the rank
         # before it saves.
         wanted += ["train.exit_signal_handler=true", "train.exit_signal_handler_for_dataloader=true"]
-    given = args.words[1:]
     return [default for default in wanted if not any(arg.startswith(default.split("=")[0] + "=") for arg in given)]
 
 

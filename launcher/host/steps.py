@@ -8,6 +8,7 @@ through a thread that outlives a stop, so the launch's last words are kept.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,45 +18,16 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from launcher.host.notes import pass_on
+from launcher.host.slurm import config, launch_step
 from launcher.run_files import private_files
 
 POLL_S = 0.1
 
 
-def launch_step(job_id: str, step_name: str) -> str:
-    """JOB.STEP of the launch's srun step; empty before it exists."""
-    try:
-        out = subprocess.run(
-            ["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            check=False,
-        ).stdout
-    except OSError:
-        return ""
-    for line in out.splitlines():
-        words = line.split()
-        if len(words) >= 2 and words[1] == step_name:
-            return words[0]
-    return ""
-
-
 def kill_wait_s() -> int:
-    """The cluster's grace period between SIGTERM and SIGKILL (KillWait); torchrun's 30 s without an answer."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "config"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=False
-        ).stdout
-    except OSError:
-        return 30
-    for line in out.splitlines():
-        words = line.split()
-        if words[:1] == ["KillWait"] and len(words) >= 3:
-            digits = words[2][: len(words[2]) - len(words[2].lstrip("0123456789"))]
-            return int(digits or 0)
-    return 30
+    """The cluster's grace period between SIGTERM and SIGKILL (KillWait, "30 sec"); torchrun's 30 s without one."""
+    value = config("KillWait")
+    return 30 if value is None else int(re.match("[0-9]*", value).group() or 0)
 
 
 class Step:
@@ -84,13 +56,8 @@ class Step:
                 on_idle()
             time.sleep(POLL_S)
         notes.join()
-        return self.status()
-
-    def status(self) -> int:
-        """The command's exit status as the shell gives it (128+N for a signal)."""
-        assert self.process is not None
         code = self.process.returncode
-        return 128 - code if code < 0 else code
+        return 128 - code if code < 0 else code  # as the shell gives it: 128+N for a signal
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

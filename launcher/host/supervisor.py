@@ -12,10 +12,12 @@ line on stderr, exit 2, before anything starts.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 if not __package__:  # run as a script (srun.sh): the repository, two folders up, holds the package
@@ -24,19 +26,19 @@ if not __package__:  # run as a script (srun.sh): the repository, two folders up
 from launcher import run_files
 from launcher.hang.watch import watch
 from launcher.health.exclude_nodes import exclude
-from launcher.host import batch, command, container, request
+from launcher.host import batch, command, container
 from launcher.host import plan as plans
-from launcher.host.batch import say
+from launcher.host.batch import BatchJob, say
 from launcher.host.first_failure import log_end
 from launcher.host.first_failure import report as report_failure
-from launcher.host.job import Job, resolve_job
-from launcher.host.preflight import BadInputError
-from launcher.host.steps import Step, launch_step
+from launcher.host.job import resolve_job
+from launcher.host.preflight import REPO, BadInputError, Knobs, parse_options, preflight
+from launcher.host.slurm import launch_step
+from launcher.host.steps import Step
 from launcher.restart.plan import PlanError
 from launcher.restart.plan import outcome as inprocess_outcome
 from launcher.restart.plan import plan as inprocess_plan
 
-REPO = Path(__file__).resolve().parents[2]
 HANG_REPORT = REPO / "launcher" / "hang" / "report.py"
 HEALTH_REPORT = REPO / "launcher" / "health" / "report.py"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -45,15 +47,14 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class Supervisor:
     """One launch, from its header to its exit status."""
 
-    def __init__(self, plan: plans.LaunchPlan, job: Job, knobs: request.Knobs, limit: batch.TimeLimit | None) -> None:
-        self.plan, self.job, self.knobs, self.limit = plan, job, knobs, limit
+    def __init__(self, plan: plans.LaunchPlan, limit: BatchJob | None, shared_container: str) -> None:
+        self.plan, self.limit, self.shared_container = plan, limit, shared_container
         self.log = run_files.at(plan.run_dir, run_files.LAUNCHER_LOG)
         self.step: Step | None = None
         self.stopped_by = ""
         self.hung = False
         self.hang_report_due = False
         self.training_started = False
-        self.shared_container = ""
         if limit is not None:
             limit.on_reach = self.on_time_limit
 
@@ -75,13 +76,11 @@ class Supervisor:
         """A batch job SRUNSH_SAVE_LEAD_S from its time limit: every rank gets SIGTERM, on which Megatron Bridge saves
         a checkpoint and stops; before training, the health check runs to its verdict and the job then requeues
         itself untrained."""
-        lead, job_id = self.knobs["SRUNSH_SAVE_LEAD_S"], os.environ.get("SLURM_JOB_ID", "")
+        assert self.limit is not None  # a batch job's
         if not self.training_started:
-            say(
-                f"srun.sh: job {job_id} reaches its time limit in {lead}s before training started:"
-                " it starts no training and requeues itself"
-            )
+            self.limit.say_untrained()
             return
+        lead, job_id = self.limit.knobs["SRUNSH_SAVE_LEAD_S"], os.environ.get("SLURM_JOB_ID", "")
         say(f"srun.sh: job {job_id} reaches its time limit in {lead}s: SIGTERM to every rank to save and stop")
         self.collect_hang_report(f"the job's time limit is {lead}s away")
         self.stop_ranks(to_save=True)
@@ -107,7 +106,7 @@ class Supervisor:
         # Whatever its status: a report that could not be written leaves the stop as it is.
         subprocess.run(
             ["python3", str(HANG_REPORT), self.plan.run_dir, "--why", why, "--world-size",
-             str(self.plan.world_size), "--nodes", self.job.node_list, "--ranks-per-node",
+             str(self.plan.world_size), "--nodes", ",".join(self.plan.hosts), "--ranks-per-node",
              str(self.plan.ranks_per_node), *target],
             check=False,
         )  # fmt: skip
@@ -125,7 +124,7 @@ class Supervisor:
     def launch_watched(self, launch: list[str]) -> int:
         """The launch, watched for a hang; its status."""
         # An earlier launch's records: the ranks register afresh.
-        run_files.remove_tree(run_files.at(self.plan.run_dir, run_files.HANG))
+        shutil.rmtree(run_files.at(self.plan.run_dir, run_files.HANG), ignore_errors=True)
         stalled, stop_watch = threading.Event(), threading.Event()
         if self.plan.hang_timeout_s != "off":
             fixed = float(self.plan.hang_timeout_s) if self.plan.hang_timeout_s else None
@@ -147,24 +146,22 @@ class Supervisor:
             f"# srun.sh: health check of {len(plan.hosts)} node(s) x {plan.ranks_per_node} rank(s), each part within"
             f" {plan.health_timeout_s}s (SRUNSH_HEALTH_TIMEOUT_S)"
         )
-        result = run_files.at(plan.run_dir, run_files.HEALTH_JSON)
-        run_files.remove(result)
+        result = Path(run_files.at(plan.run_dir, run_files.HEALTH_JSON))
+        result.unlink(missing_ok=True)
         report = ["python3", str(HEALTH_REPORT), plan.run_dir, "--timeout", plan.health_timeout_s, "--nodes"]
-        report += [self.job.node_list, "--ranks-per-node", str(plan.ranks_per_node), "--", *health_launch]
+        report += [",".join(plan.hosts), "--ranks-per-node", str(plan.ranks_per_node), "--", *health_launch]
         self.step = Step(report, self.log, plan.local)
         status = self.step.run()
         run_files.remove_rank_statuses(plan.run_dir)  # the check's: the launch's own failure report reads these
         self.exit_if_stopped()
-        if not os.path.isfile(result) or not os.path.getsize(result):
+        if not result.is_file() or not result.stat().st_size:
             say(f"srun.sh: the health check ended before it judged the nodes; the end of {self.log}:")
             sys.stderr.buffer.write(log_end(Path(self.log)))
             raise SystemExit(1)
-        if plan.health_only or not status:
-            if plan.health_only:
-                raise SystemExit(status)
-            return
-        if not plan.batch_job:
+        if plan.health_only or (status and not plan.batch_job):
             raise SystemExit(status)
+        if not status:
+            return
         failed = run_files.read_text(run_files.at(plan.run_dir, run_files.FAILED_NODES)).rstrip("\n")
         # The requeue's SIGTERM reaches this process: ignored from here on, since nothing is left to stop, and a
         # stop would spend the cluster's KillWait before the nodes are excluded.
@@ -180,21 +177,35 @@ class Supervisor:
         if self.stopped_by:
             raise SystemExit(128 + signal.Signals[f"SIG{self.stopped_by}"].value)
 
-    @property
-    def time_limit_reached(self) -> bool:
-        return self.limit is not None and self.limit.reached
-
     def requeue(self, status: int, reason: str = "") -> int:
-        return batch.requeue(
-            status,
-            reason,
-            self.plan,
-            self.knobs,
-            reached=self.time_limit_reached,
-            training_started=self.training_started,
-            stopped_by=self.stopped_by,
-            before_requeue=self.remove_shared_container,
-        )
+        """After a batch job's launch: requeue it when it stopped for its time limit, or failed with retries left.
+        0 once it is requeued; otherwise the status to exit with."""
+        assert self.limit is not None  # a batch job's
+        history, job = run_files.at(self.plan.run_dir, run_files.REQUEUES_LOG), os.environ.get("SLURM_JOB_ID", "")
+        if self.limit.reached and self.training_started:
+            reason = f"saved before the time limit (exit status {status})"
+        elif self.limit.reached:
+            reason = reason or "its time limit came before training started"
+        elif status and not self.stopped_by:
+            failures = sum(": failed " in line for line in run_files.read_text(history).splitlines())
+            retries = int(self.limit.knobs["SRUNSH_MAX_RETRIES"])
+            if failures >= retries:
+                say(
+                    f"srun.sh: job {job} failed, and is not requeued: it was requeued after {failures} failure(s)"
+                    f" already (SRUNSH_MAX_RETRIES={retries})"
+                )
+                return status
+            reason = reason or f"failed with exit status {status}"
+        else:
+            return status
+        with open(history, "a") as file:
+            restart = os.environ.get("SLURM_RESTART_COUNT") or 0
+            file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job {job} restart {restart}: {reason}\n")
+        say(f"srun.sh: {reason}: requeueing job {job}, which resumes run {self.plan.run_id} from its latest checkpoint")
+        self.remove_shared_container()  # while the job's allocation is still there
+        if subprocess.run(["scontrol", "requeue", job], check=False).returncode:
+            return status
+        return 0
 
     def remove_shared_container(self) -> None:
         name, self.shared_container = self.shared_container, ""
@@ -207,7 +218,7 @@ class Supervisor:
             self.check_health(command.launch_command(plan, command.rank_command(plan, health=True)))
         status = 0
         # No training once a batch job's time limit is near: from here on its USR1 stops the ranks.
-        self.training_started = not self.time_limit_reached
+        self.training_started = self.limit is None or not self.limit.reached
         if self.training_started:
             status = self.launch_watched(command.launch_command(plan, command.rank_command(plan)))
         self.exit_if_stopped()
@@ -224,9 +235,9 @@ class Supervisor:
         return status
 
 
-def header(plan: plans.LaunchPlan, job: Job, container_line: str, inprocess_line: str) -> None:
-    request.say_environment_knobs(plan, "# srun.sh: ", sys.stderr.buffer)
-    how = "resuming run" if job.resuming else "new run"
+def header(plan: plans.LaunchPlan, resuming: bool, container_line: str, inprocess_line: str) -> None:
+    command.say_environment_knobs(plan, "# srun.sh: ", sys.stderr.buffer)
+    how = "resuming run" if resuming else "new run"
     say(
         f"# srun.sh: {len(plan.hosts)} node(s) x {plan.ranks_per_node} rank(s), {how} {plan.run_id} in {plan.run_dir},"
         f" master {plan.master_addr}:{plan.master_port}; each rank runs:"
@@ -237,35 +248,34 @@ def header(plan: plans.LaunchPlan, job: Job, container_line: str, inprocess_line
             say(f"# srun.sh: {line}")
 
 
-def settle(args: request.Launch, knobs: request.Knobs) -> tuple[plans.LaunchPlan, Job, str]:
-    """The launch plan and the job (its run folder taken, unless it is a dry run); the in-process restart line."""
-    plan = request.checked_plan(args, knobs)
-    job = resolve_job(plan, knobs)
-    plan.run_id, plan.hosts = job.run_id, job.hosts
-    plan.master_addr, plan.master_port = job.master_addr, job.master_port
+def plan_inprocess(plan: plans.LaunchPlan) -> str:
+    """In-process restart's setting into PLAN; the header's line on it."""
     try:
         restart = inprocess_plan(plan.overrides, len(plan.hosts), plan.ranks_per_node, int(plan.master_port))
     except PlanError as error:
         raise BadInputError(str(error)) from None
     plan.inprocess = restart.enabled
-    return plan, job, restart.header()
+    return restart.header()
 
 
-def launch(args: request.Launch, knobs: request.Knobs, limit: batch.TimeLimit | None = None) -> int:
-    plan, job, inprocess_line = settle(args, knobs)
+def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJob | None) -> int:
+    """The launch of PLAN (srun.sh's options) with WORDS (RECIPE.py and its overrides), from its checks to its exit
+    status; its run folder is taken unless it is a dry run."""
+    preflight(plan, words, knobs)
+    resuming = resolve_job(plan, knobs)
+    inprocess_line = plan_inprocess(plan)
     command.export_rank_environment(plan)
-    shared, container_line = container.plan_start(plan, knobs["SRUNSH_CONTAINER_NAME"])
+    shared, container_line = container.plan_start(plan)
     if plan.dry_run:
         sys.stdout.buffer.write(os.fsencode(command.dry_run_text(plan)))
         sys.stdout.flush()
-        request.say_environment_knobs(plan, "", None)
+        command.say_environment_knobs(plan, "", None)
         return 0
     run_files.remove_rank_statuses(plan.run_dir)
-    run_files.remove(run_files.at(plan.run_dir, run_files.USAGE_ERROR))
+    Path(run_files.at(plan.run_dir, run_files.USAGE_ERROR)).unlink(missing_ok=True)
     plans.write(plan, run_files.at(plan.run_dir, run_files.LAUNCH_PLAN))
-    header(plan, job, container_line, inprocess_line)
-    supervisor = Supervisor(plan, job, knobs, limit)
-    supervisor.shared_container = shared
+    header(plan, resuming, container_line, inprocess_line)
+    supervisor = Supervisor(plan, limit, shared)
     supervisor.trap_stop_signals()
     try:
         return supervisor.run()
@@ -274,15 +284,18 @@ def launch(args: request.Launch, knobs: request.Knobs, limit: batch.TimeLimit | 
 
 
 def main(argv: list[str]) -> int:
+    """ARGV: srun.sh's knobs, NAME=VALUE, then -- and its own arguments."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as bash: a Ctrl-C before the launch ends this process quietly
-    knobs, words = request.split_argv(argv)
-    limit = None
+    split = argv.index("--")
+    knobs = {"MASTER_ADDR": "", "MASTER_PORT": "", **dict(pair.split("=", 1) for pair in argv[:split])}
+    words, limit = argv[split + 1 :], None
     try:
         if words[:1] == ["--sbatch"]:
             return batch.submit(words[1:], knobs)
         if words[:1] == ["--batch-job"]:
             words, limit = words[1:], batch.trap_time_limit(knobs)
-        return launch(request.parse_options(words, batch_job=limit is not None), knobs, limit)
+        plan, words = parse_options(words, batch_job=limit is not None)
+        return launch(plan, words, knobs, limit)
     except BadInputError as error:
         sys.stderr.buffer.write(os.fsencode(f"srun.sh: {error}\n"))
         return 2

@@ -11,10 +11,6 @@ die() {
   exit 2
 }
 
-q() {
-  printf '%q' "$1"
-}
-
 # A rank that cannot start says why in one line, in its log and once for the whole job (the first rank to get there
 # leaves it for srun.sh's report, as entrypoint.py does with a config error: eight ranks a node would repeat it), and
 # leaves its status for the report.
@@ -48,7 +44,7 @@ check_rank_gpu() {
   ((LOCAL_RANK >= visible)) || return 0
   local rank devices allocate="salloc --gpus-per-node=$LOCAL_WORLD_SIZE"
   rank="rank $RANK (local rank $LOCAL_RANK) on $(uname -n)"
-  devices="CUDA_VISIBLE_DEVICES=$(q "${CUDA_VISIBLE_DEVICES-unset}")"
+  printf -v devices 'CUDA_VISIBLE_DEVICES=%q' "${CUDA_VISIBLE_DEVICES-unset}"
   if ((visible == 0)); then
     rank_fails "$rank sees no GPU ($devices): allocate GPUs for the job ($allocate)"
   fi
@@ -92,7 +88,7 @@ main() {
   RANK_LOG=$RUN_DIR/logs/rank-$RANK.log
   local error
   error=$(umask 077 && mkdir -p -- "$RUN_DIR/logs" 2>&1) ||
-    die "rank $RANK on $(uname -n) cannot write its log in $(q "$RUN_DIR/logs") (${error##*: }):" \
+    die "rank $RANK on $(uname -n) cannot write its log in $(printf %q "$RUN_DIR/logs") (${error##*: }):" \
       "SRUNSH_OUTPUT_ROOT must be writable on every node"
   check_rank_gpu
   export_gloo_interface

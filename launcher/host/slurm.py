@@ -1,10 +1,11 @@
-"""The rendezvous address of a SLURM launch: an address of the job's first node that the other nodes reach.
+"""What the launching host asks SLURM and the network: the job's nodes and state, the launch's step, the cluster's
+settings, and the rendezvous address of a SLURM launch.
 
-`python3 master_address.py FIRST_NODE [SECOND_NODE]` prints it: SLURM's NodeAddr of the first node, or the first of
-its IPv4 addresses outside 127.0.0.0/8 (Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts, which only
-that host reaches). On the first node itself (a batch job, salloc from that node), when its name gives only loopback:
-the address of its interface that routes to the second node, as the kernel chooses it (ip route get), said once on
-stderr. With none of them: one line on stderr, exit 2.
+The rendezvous address is an address of the job's first node that the other nodes reach: SLURM's NodeAddr of the first
+node, or the first of its IPv4 addresses outside 127.0.0.0/8 (Debian and Ubuntu map a host's own name to 127.0.1.1 in
+/etc/hosts, which only that host reaches). On the first node itself (a batch job, salloc from that node), when its name
+gives only loopback: the address of its interface that routes to the second node, as the kernel chooses it (ip route
+get), said once on stderr.
 """
 
 from __future__ import annotations
@@ -22,9 +23,33 @@ IPV4 = re.compile(r"[0-9]+(\.[0-9]+){3}")
 def output(command: list[str]) -> str:
     """COMMAND's stdout; empty when it fails."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False).stdout
+        return subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def config(name: str) -> str | None:
+    """The value of NAME in `scontrol show config`; None without one."""
+    for line in output(["scontrol", "show", "config"]).splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def job_state(job: str) -> str:
+    found = re.search(r" JobState=([^ ]*)", output(["scontrol", "show", "job", "--oneliner", job]))
+    return found.group(1) if found and found.group(1) else "no longer known to SLURM"
+
+
+def launch_step(job_id: str, step_name: str) -> str:
+    """JOB.STEP of the launch's srun step; empty before it exists."""
+    out = output(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"])
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[1] == step_name:
+            return words[0]
+    return ""
 
 
 def node_address(host: str) -> str:
@@ -59,24 +84,8 @@ def address_toward(first: str, second: str) -> str:
 
 
 def master_address(hosts: list[str]) -> str:
+    """The rendezvous address among HOSTS (the first two of the job's); empty without one."""
     address = node_address(hosts[0])
     if len(hosts) == 1:
         return address or hosts[0]
     return address or address_toward(hosts[0], hosts[1])
-
-
-def main() -> None:
-    hosts = sys.argv[1:3]
-    address = master_address(hosts)
-    if not address:
-        print(
-            f"srun.sh: no address of {hosts[0]} that other nodes reach"
-            " (scontrol's NodeAddr, getent ahostsv4, ip route): set MASTER_ADDR to its IP address",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    print(address)
-
-
-if __name__ == "__main__":
-    main()
