@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 import megatron.bridge.training.train as upstream_train
 from megatron.bridge.training.config import ConfigContainer, ProfilingConfig
@@ -58,9 +58,8 @@ def trace_path(rank: int) -> Path:
 
 
 # How long a rank that must wait for its trace writer (at exit, or stopped by SIGTERM) waits before it stops the
-# writer: a writer stuck on a hung file system would otherwise hold the rank forever. A full buffer (1,000,000
-# events) is written in under a second on a 2-core machine; 20 s stays inside srun.sh's 30 s grace and SLURM's
-# default KillWait (30 s), so the rank reports a stuck writer itself before it is killed.
+# writer, which a hung file system would otherwise let hold the rank forever. A full buffer takes about a second; 20 s
+# stays inside srun.sh's 30 s grace and SLURM's default KillWait (30 s): the rank reports a stuck writer itself.
 WRITER_DEADLINE_S = 20.0
 
 # Stopping a job signals every process of the rank (srun.sh signals its process group, slurmstepd every process of
@@ -71,10 +70,9 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 class WindowTracer:
     """One VizTracer over one profiling window of this process, written without stalling the other ranks.
 
-    At the window's end a forked child writes the trace while this rank goes on with the next step; written in this
-    process instead, a 38 MB trace held the next step 515 ms longer (bench/results/viztracer-cost.md).
-    The rank frees its trace buffer only once the child has exited: freed while the child runs, each page of the
-    buffer would first be copied (copy-on-write), 87 ms for 350,000 events on a 2-core machine.
+    At the window's end a forked child writes the trace while this rank goes on with the next step (written in this
+    process, a large trace holds the next step back: bench/results/viztracer-cost.md). The rank frees its trace
+    buffer only once the child has exited: freed while the child runs, each page would first be copied (copy-on-write).
 
     SIGTERM inside the window (or while the writer runs) writes the trace, then ends the rank as the signal would
     have. Once nothing is left to write, SIGTERM gets its default action back, so a rank stuck in native code (an NCCL
@@ -114,11 +112,10 @@ class WindowTracer:
         """End the window; a forked child writes the trace."""
         if self.tracer is None:
             return
-        tracer, self.tracer = self.tracer, None
-        tracer.stop()
-        tracer.setpid()  # the trace names this rank's pid, not the writer's
-        self.written = tracer
-        self.writer_pid = fork_writer(tracer)
+        self.written, self.tracer = self.tracer, None
+        self.written.stop()
+        self.written.setpid()  # the trace names this rank's pid, not the writer's
+        self.writer_pid = fork_writer(self.written)
 
     def reap(self, wait: bool) -> None:
         """Once the writer has exited: report how it ended and free the trace buffer. With wait, a writer still
@@ -161,16 +158,15 @@ class WindowTracer:
 
     def keep_sigterm(self) -> None:
         """Our handler again, at each step while something is left to write: native code can set SIGTERM back to its
-        default action behind Python's back, and Python's record of the handler does not notice (on the H200 that
-        happened inside a window as srun.sh asked for its hang report, and the stopped rank died with no trace)."""
+        default action behind Python's back, and Python's record of the handler does not notice."""
         if signal.getsignal(signal.SIGTERM) == self.save_then_terminate:
             signal.signal(signal.SIGTERM, self.save_then_terminate)
 
     def restore_sigterm(self) -> None:
         """Once nothing is left to write, SIGTERM gets its default action back, unless someone replaced our handler."""
-        if self.tracer is None and self.writer_pid is None:
-            if signal.getsignal(signal.SIGTERM) == self.save_then_terminate:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        ours = signal.getsignal(signal.SIGTERM) == self.save_then_terminate
+        if ours and self.tracer is None and self.writer_pid is None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def save_then_terminate(self, signum: int, frame: FrameType | None) -> None:
         # The rank is going down, and nothing may cut the write short: not a second stop signal, nor torch's
@@ -185,7 +181,8 @@ class WindowTracer:
 
 
 def fork_writer(tracer: VizTracer) -> int:
-    """Start the child that writes the stopped tracer's trace; its pid.
+    """Start the child that writes the stopped tracer's trace and then leaves without unwinding into the training loop
+    it was forked from; its pid.
 
     Not VizTracer's fork_save(): it needs multiprocessing's "fork" start method, and its child starts with the rank's
     signal handlers, so a stop signal would run the rank's handler in the writer, or end it, before the trace is
@@ -197,7 +194,15 @@ def fork_writer(tracer: VizTracer) -> int:
         for held in STOP_SIGNALS:
             signal.signal(held, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        write_and_exit(tracer)
+        status = 1
+        try:
+            tracer.save()
+            status = 0
+        except BaseException:  # whatever it is, it must end here: printed, and the rank reports the failed write
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(status)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return pid
 
@@ -212,19 +217,6 @@ def writer_exit_code(pid: int, timeout_s: float) -> int | None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
-
-
-def write_and_exit(tracer: VizTracer) -> NoReturn:
-    """The forked writer: save the trace, then leave without unwinding into the training loop it was forked from."""
-    status = 1
-    try:
-        tracer.save()
-        status = 0
-    except BaseException:  # whatever it is, it must end here: printed, and the rank reports the failed write
-        traceback.print_exc()
-    finally:
-        sys.stderr.flush()
-        os._exit(status)
 
 
 def release(tracer: VizTracer) -> None:
@@ -247,9 +239,7 @@ def active_profilers(config: Any) -> list[str]:
 
 def profiled(config: Any, rank: int) -> bool:
     """Whether this rank profiles at all (Megatron Bridge reads an empty profile_ranks as every rank)."""
-    if not active_profilers(config):
-        return False
-    return not config.profile_ranks or rank in config.profile_ranks
+    return bool(active_profilers(config)) and (not config.profile_ranks or rank in config.profile_ranks)
 
 
 def announce(config: Any, rank: int, event: str) -> None:
@@ -261,7 +251,7 @@ def announce(config: Any, rank: int, event: str) -> None:
 def exit_traced_process(status: int) -> None:
     """End a process that ran VizTracer: every atexit handler runs (trace writer joined, logs flushed), then the
     process leaves without CPython's object teardown, in which VizTracer 1.1.1's C tracer crashes the interpreter
-    (exit 139 after a complete run: seen with the seed's plugin and with this one on megatron-bridge 0.6.2)."""
+    (exit 139 after a complete run)."""
     if WINDOW.used:
         atexit._run_exitfuncs()
         sys.stdout.flush()

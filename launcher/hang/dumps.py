@@ -22,6 +22,7 @@ inherited across fork and exec): data loader workers, compilers and checkpoint w
 instead of dying of it. Only the answering thread takes it.
 """
 
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -79,14 +80,9 @@ def install(run_dir: Path, rank: int, in_process_restart: bool = False) -> None:
 
 
 def register(directory: Path, rank: int) -> None:
-    record = {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "start_time": process_start_time(os.getpid()),
-        "main_thread": threading.main_thread().ident,
-    }
-    progress.write_json(directory / f"rank-{rank}.json", record)
+    pid = os.getpid()
+    record = {"rank": rank, "host": socket.gethostname(), "pid": pid, "start_time": process_start_time(pid)}
+    progress.write_json(directory / f"rank-{rank}.json", record | {"main_thread": threading.main_thread().ident})
 
 
 def process_stat(pid: int) -> list[str]:
@@ -114,10 +110,8 @@ def answer_requests(reader: socket.socket, directory: Path, rank: int, stacks: I
 
 def answer(directory: Path, rank: int, stacks: IO[str], asked: float) -> None:
     """Called once faulthandler has written the stacks: make them durable, dump the flight recorder, say so."""
-    try:
+    with contextlib.suppress(OSError):  # unsynced, the stacks stay in the page cache: the launching host may see them
         os.fsync(stacks.fileno())  # a network file system shows another host only what reached the server
-    except OSError:
-        pass  # the stacks stay in the page cache; the launching host may still see them
     distributed = sys.modules.get("torch.distributed")
     initialized = bool(distributed and distributed.is_available() and distributed.is_initialized())
     backend = str(distributed.get_backend()) if initialized else None
@@ -148,8 +142,6 @@ def record_flight_recorder(path: Path, data: bytes) -> dict[str, Any]:
     the file."""
     progress.replace_file(path, data)
     fields: dict[str, Any] = {"flight_recorder": path.name}
-    try:
+    with contextlib.suppress(pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError):
         fields["flight_recorder_summary"] = flight_records.summary(pickle.loads(data))
-    except (pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError):
-        pass  # the report reads the record itself
     return fields

@@ -51,7 +51,7 @@ class DeferredPackage(types.ModuleType):
         if name.startswith("__"):
             raise AttributeError(name)
         found = init_names.bindings(self.__spec__.origin, self.__name__)
-        if found is not None and (found.ways(name) or star_may_bind(found, name)):
+        if found is not None and found.may_bind(name):
             value = bound_without_running(self.__name__, name, found)
             if value is not None:
                 return value
@@ -185,9 +185,3 @@ def taken_from(module: str, name: str, package: str) -> object:
         if hasattr(source, name):
             return getattr(source, name)
     return importlib.import_module(f"{module}.{name}")
-
-
-def star_may_bind(found: init_names.Bindings, name: str) -> bool:
-    """Whether one of the `*` imports may bind NAME (True where what one binds is unknown)."""
-    exports = (init_names.exported(module) for module in found.starred)
-    return any(names is None or name in names for names in exports)

@@ -34,6 +34,10 @@ class Bindings:
     def ways(self, name: str) -> int:
         return (name in self.taken) + (name in self.modules) + (name in self.submodules) + (name in self.defined)
 
+    def may_bind(self, name: str) -> bool:
+        """Whether a statement binds NAME or one of the `*` imports may (True where what one binds is unknown)."""
+        return bool(self.ways(name)) or any(names is None or name in names for names in map(exported, self.starred))
+
 
 def loaded_statements(tree: ast.Module) -> Iterator[ast.AST]:
     """The nodes that run when the module loads, in the file's order: all but the bodies of its functions, classes

@@ -16,18 +16,9 @@ from launcher.config.checks import profiled_ranks
 from launcher.config.errors import UsageError
 
 PROFILE_ARGS = (
-    "profile",
-    "-t",
-    "cuda,nvtx",
-    "-s",
-    "none",
-    "--cpuctxsw=none",
-    "--capture-range=cudaProfilerApi",
-    "--capture-range-end=stop",
-    "--enable",
-    "efa_metrics",
-    "--force-overwrite=true",
-)
+    "profile -t cuda,nvtx -s none --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop"
+    " --enable efa_metrics --force-overwrite=true"
+).split()
 # Set in the process nsys starts, so it does not start nsys again.
 UNDER_NSYS = "SRUN_SH_UNDER_NSYS"
 HOST = socket.gethostname().split(".")[0]

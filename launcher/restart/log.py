@@ -35,10 +35,6 @@ class Pending:
     groups: list[tuple[str, list[int]]]  # NVRx's (interruption kind, ranks), the cause first
     at: float  # time.time()
 
-    @property
-    def ranks(self) -> list[int]:
-        return [rank for _, ranks in self.groups for rank in ranks]
-
 
 def rank() -> int | None:
     """This process's active rank; None for a warm spare, whose RANK the Wrapper sets to "None"."""
@@ -57,15 +53,14 @@ class RestartLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if raised := RAISED.search(message):
-            self.leave_own_error(raised["error"])
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / f"rank-{rank()}.txt").write_text(
+                f"{time.time()} {socket.gethostname()}: {raised['error']}\n"
+            )
         elif (interrupted := INTERRUPTED.search(message)) and self.pending is None:
             self.restart_seen(interrupted["why"])
         elif RESTARTING.search(message) and self.pending is None:
             self.restart_seen("")  # the warning above was filtered: the ranks that raised say who (step_completed)
-
-    def leave_own_error(self, error: str) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"rank-{rank()}.txt").write_text(f"{time.time()} {socket.gethostname()}: {error}\n")
 
     def restart_seen(self, why: str) -> None:
         groups = [(m["kind"], ranks_in(m["ranks"])) for m in AFFECTED.finditer(why)]
@@ -85,7 +80,7 @@ class RestartLog(logging.Handler):
             return None
         if not pending.groups and (raised := self.ranks_that_raised()):
             pending.groups = [("EXCEPTION", raised)]
-        errors = self.errors(pending.ranks)
+        errors = self.errors([affected for _, ranks in pending.groups for affected in ranks])
         # From the fault: the failed rank's own time of it, where it left one (hosts' clocks agree to NTP's accuracy).
         pending.at = min([pending.at, *(at for at, _ in errors.values())])
         causes = {affected: text for affected, (_, text) in errors.items()}
