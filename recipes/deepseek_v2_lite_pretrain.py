@@ -9,6 +9,8 @@ from megatron.bridge.training.config import ConfigContainer
 from recipes import mla_query_projection
 from recipes.shared import apply_switches, from_hf
 
+HUB_ID = "deepseek-ai/DeepSeek-V2-Lite"
+
 
 def configure(
     hf_path: str | None = None,
@@ -17,7 +19,7 @@ def configure(
     data_paths: list[str | float] | str | None = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    cfg = from_hf(deepseek_v2_lite_pretrain_config, "deepseek-ai/DeepSeek-V2-Lite", hf_path)
+    cfg = from_hf(deepseek_v2_lite_pretrain_config, HUB_ID, hf_path)
 
     # Parallelism: one TP shard per GPU of a node; EP=2 splits the 64 routed experts over 2 ranks.
     cfg.model.tensor_model_parallel_size = 8
@@ -44,5 +46,10 @@ def configure(
     cfg.checkpoint.save_interval = 0
 
     return apply_switches(
-        cfg, use_megatron_fsdp, data_paths, tokenizer_path, hf_path, moe_token_dispatcher_type=moe_token_dispatcher_type
+        cfg,
+        moe_token_dispatcher_type=moe_token_dispatcher_type,
+        use_megatron_fsdp=use_megatron_fsdp,
+        data_paths=data_paths,
+        tokenizer_path=tokenizer_path,
+        hf_path=hf_path,
     )

@@ -10,6 +10,8 @@ from megatron.bridge.training.config import ConfigContainer
 from recipes import mla_query_projection
 from recipes.shared import apply_switches, from_hf
 
+HUB_ID = "deepseek-ai/DeepSeek-V2"
+
 
 def configure(
     hf_path: str | None = None,
@@ -18,7 +20,7 @@ def configure(
     data_paths: list[str | float] | str | None = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    cfg = from_hf(deepseek_v2_pretrain_config, "deepseek-ai/DeepSeek-V2", hf_path)
+    cfg = from_hf(deepseek_v2_pretrain_config, HUB_ID, hf_path)
 
     # Parallelism for 32 GPUs: 60 layers in 4 pipeline stages (one per node), the 160 routed experts over 8 ranks.
     cfg.model.tensor_model_parallel_size = 1
@@ -47,5 +49,10 @@ def configure(
     cfg.checkpoint.save_interval = 0
 
     return apply_switches(
-        cfg, use_megatron_fsdp, data_paths, tokenizer_path, hf_path, moe_token_dispatcher_type=moe_token_dispatcher_type
+        cfg,
+        moe_token_dispatcher_type=moe_token_dispatcher_type,
+        use_megatron_fsdp=use_megatron_fsdp,
+        data_paths=data_paths,
+        tokenizer_path=tokenizer_path,
+        hf_path=hf_path,
     )

@@ -8,16 +8,20 @@ further, but not the activations, which is why 80 GB GPUs (H100) keep llama3_8b_
     salloc -N 2 ./srun.sh recipes/llama3_8b_h200_pretrain.py mixed_precision=bf16_with_fp8_current_scaling_mixed
 """
 
-import functools
-
 from megatron.bridge.training.config import ConfigContainer
 
 from recipes import llama3_8b_pretrain
 
 
-@functools.wraps(llama3_8b_pretrain.configure)  # the same switches, with the same defaults
-def configure(**switches: object) -> ConfigContainer:
-    cfg = llama3_8b_pretrain.configure(**switches)
+def configure(
+    hf_path: str = str(llama3_8b_pretrain.ARCHITECTURE),
+    use_megatron_fsdp: bool = True,
+    data_paths: list[str | float] | str | None = None,
+    tokenizer_path: str | None = None,
+) -> ConfigContainer:
+    cfg = llama3_8b_pretrain.configure(
+        hf_path=hf_path, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
+    )
     # Half as many micro-batches a step, and Megatron FSDP gathers the weights and reduce-scatters the gradients once
     # per micro-batch.
     cfg.train.micro_batch_size = 2

@@ -14,14 +14,17 @@ from megatron.bridge.training.config import ConfigContainer
 
 from recipes.shared import apply_switches, from_hf
 
+HUB_ID = "meta-llama/Meta-Llama-3-8B"
+ARCHITECTURE = Path(__file__).parent / "hf_configs" / "llama3_8b"
+
 
 def configure(
-    hf_path: str = str(Path(__file__).parent / "hf_configs" / "llama3_8b"),
+    hf_path: str = str(ARCHITECTURE),
     use_megatron_fsdp: bool = True,
     data_paths: list[str | float] | str | None = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    cfg = from_hf(llama3_8b_pretrain_config, "meta-llama/Meta-Llama-3-8B", hf_path)
+    cfg = from_hf(llama3_8b_pretrain_config, HUB_ID, hf_path)
 
     # Parallelism: FSDP shards parameters, gradients and optimizer state over all ranks; no TP/PP/CP needed at 8B.
     cfg.model.tensor_model_parallel_size = 1
@@ -41,4 +44,6 @@ def configure(
     # Checkpoint: none by default; saving with FSDP uses the fsdp_dtensor format the switch sets.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, use_megatron_fsdp, data_paths, tokenizer_path, hf_path)
+    return apply_switches(
+        cfg, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path, hf_path=hf_path
+    )

@@ -8,6 +8,8 @@ from megatron.bridge.training.config import ConfigContainer
 
 from recipes.shared import apply_switches, from_hf
 
+HUB_ID = "Qwen/Qwen3-30B-A3B"
+
 
 def configure(
     hf_path: str | None = None,
@@ -16,7 +18,7 @@ def configure(
     data_paths: list[str | float] | str | None = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    cfg = from_hf(qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, "Qwen/Qwen3-30B-A3B", hf_path)
+    cfg = from_hf(qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, HUB_ID, hf_path)
 
     # Parallelism (upstream's 8-GPU layout): TP=4 with sequence parallel, PP=2, EP=4 over the 128 experts.
     cfg.model.tensor_model_parallel_size = 4
@@ -37,5 +39,10 @@ def configure(
     cfg.checkpoint.save_interval = 0
 
     return apply_switches(
-        cfg, use_megatron_fsdp, data_paths, tokenizer_path, hf_path, moe_token_dispatcher_type=moe_token_dispatcher_type
+        cfg,
+        moe_token_dispatcher_type=moe_token_dispatcher_type,
+        use_megatron_fsdp=use_megatron_fsdp,
+        data_paths=data_paths,
+        tokenizer_path=tokenizer_path,
+        hf_path=hf_path,
     )

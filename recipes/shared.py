@@ -36,9 +36,8 @@ def local_hf_dir(hf_path: str) -> Path:
     return path
 
 
-def holds(path: Path, *patterns: str) -> bool:
-    """Whether the folder PATH holds a file that one of PATTERNS matches."""
-    return any(next(path.glob(pattern), None) for pattern in patterns)
+def has_weights(path: Path) -> bool:
+    return any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS)
 
 
 @contextmanager
@@ -80,7 +79,7 @@ def from_hf(upstream: Callable[[], ConfigContainer], hub_id: str, hf_path: str |
     if not bridges:
         raise ValueError(f"recipe {upstream.__name__} does not read '{hub_id}': hf_path cannot apply to it")
     use_local_tokenizer(cfg, hub_id, local_dir)
-    if holds(local_dir, *WEIGHT_PATTERNS):
+    if has_weights(local_dir):
         # Weights are loaded into the built model before DDP/FSDP wraps it; random init would be thrown away.
         cfg.model.perform_initialization = False
         cfg.model.register_pre_wrap_hook(bridges[-1].load_hf_weights)
@@ -95,12 +94,24 @@ def use_local_tokenizer(cfg: ConfigContainer, hub_id: str, local_dir: Path) -> N
     if cfg.tokenizer.tokenizer_model != hub_id:
         return
     cfg.tokenizer.hf_tokenizer_kwargs = {}
-    if holds(local_dir, TOKENIZER_PATTERN):
+    if has_tokenizer(local_dir):
         cfg.tokenizer.tokenizer_model = str(local_dir)
         return
     cfg.tokenizer.tokenizer_type = "NullTokenizer"
     cfg.tokenizer.tokenizer_model = None
     cfg.tokenizer.vocab_size = cfg.model.vocab_size
+
+
+def has_tokenizer(path: Path) -> bool:
+    return next(path.glob(TOKENIZER_PATTERN), None) is not None
+
+
+def set_hf_tokenizer(cfg: ConfigContainer, directory: str) -> None:
+    """The Hugging Face tokenizer in directory, with its own vocabulary size."""
+    cfg.tokenizer.tokenizer_type = "HuggingFaceTokenizer"
+    cfg.tokenizer.tokenizer_model = directory
+    cfg.tokenizer.hf_tokenizer_kwargs = {}
+    cfg.tokenizer.vocab_size = None
 
 
 def is_number(word: str) -> bool:
@@ -141,13 +152,10 @@ def set_data(
     Megatron Bridge's recipe helper turns the list into the blend; the recipe keeps its train/valid/test split. The
     datasets and the tokenizer are checked before training (launcher/config/data.py), where the ranks see them.
     """
-    if tokenizer_path is None and data_paths is not None and hf_path is not None:
-        tokenizer_path = hf_path if holds(Path(hf_path), TOKENIZER_PATTERN) else None
-    if tokenizer_path is not None:  # the Hugging Face tokenizer there, with its own vocabulary size
-        cfg.tokenizer.tokenizer_type = "HuggingFaceTokenizer"
-        cfg.tokenizer.tokenizer_model = tokenizer_path
-        cfg.tokenizer.hf_tokenizer_kwargs = {}
-        cfg.tokenizer.vocab_size = None
+    if tokenizer_path is None and data_paths is not None and hf_path is not None and has_tokenizer(Path(hf_path)):
+        tokenizer_path = hf_path
+    if tokenizer_path is not None:
+        set_hf_tokenizer(cfg, tokenizer_path)
     if data_paths is None:
         return
     if not isinstance(cfg.dataset, GPTDatasetConfig) or isinstance(cfg.dataset, MockGPTDatasetConfig):
@@ -181,19 +189,19 @@ def set_megatron_fsdp(cfg: ConfigContainer, enabled: bool) -> None:
     cfg.dist.use_megatron_fsdp = True
     cfg.ddp.use_megatron_fsdp = True
     cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
-    # Upstream's Megatron FSDP guidance and performance scripts turn this off together with FSDP.
+    # Upstream's Megatron FSDP guidance (seed 003) and performance scripts turn this off together with FSDP.
     cfg.ddp.average_in_collective = False
     cfg.checkpoint.ckpt_format = "fsdp_dtensor"
 
 
 def apply_switches(
     cfg: ConfigContainer,
+    *,
+    moe_token_dispatcher_type: str | None = None,
     use_megatron_fsdp: bool = False,
     data_paths: list[str | float] | str | None = None,
     tokenizer_path: str | None = None,
     hf_path: str | None = None,
-    *,
-    moe_token_dispatcher_type: str | None = None,
 ) -> ConfigContainer:
     """Apply every shared switch a recipe exposes as a configure() keyword (hf_path: where from_hf read the model)."""
     set_moe_dispatcher(cfg, moe_token_dispatcher_type)
