@@ -119,3 +119,20 @@ def test_ranges_name_every_rank_once_and_read_back_to_the_same_ranks(ranks: set[
     runs = [part.split("-") for part in filter(None, text.split(","))]
     assert all(int(run[0]) < int(run[-1]) for run in runs if len(run) == 2)
     assert all(int(a[-1]) + 1 < int(b[0]) for a, b in itertools.pairwise(runs))  # runs do not touch: each is whole
+
+
+@given(
+    st.sets(st.integers(0, 20_000), max_size=300)
+    | st.builds(
+        lambda a, n, step: set(range(a, a + n * step, step)),
+        st.integers(0, 9),
+        st.integers(0, 3000),
+        st.integers(1, 16),
+    )
+)
+def test_a_summarys_members_read_back_to_the_same_ranks_and_a_common_step_takes_one_run(ranks: set[int]):
+    text = flight_records.strided(sorted(ranks))
+    assert flight_records.expanded(text) == sorted(ranks)
+    ordered = sorted(ranks)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1, ordered[1] - ordered[0])):
+        assert "," not in text

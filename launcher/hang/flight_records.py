@@ -6,7 +6,8 @@ import it.
 A summary is the record in torch's own shape with only what the hang report reads of it (launcher/hang/
 collectives.py): every group's config and status, its entries not completed yet, and of the rest only those that say
 a group's name and description, whether NCCL recorded start times, and which operations it ran; each group's members
-as ranges ("0-4095") rather than torch's list of every rank, which every rank of the job would repeat.
+as ranges ("0-4095", or "3-4091:8" for ranks 8 apart) rather than torch's list of every rank, which every member of
+the group would repeat.
 """
 
 import functools
@@ -25,13 +26,25 @@ def ranges(ranks: Iterable[int]) -> str:
     return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in bounds)
 
 
+def strided(ranks: list[int]) -> str:
+    """A summary's members: '5-4093:8' for ranks of one common step (a data-parallel group of ranks 8 apart, whose
+    ranges would name every member), else ranges()."""
+    ordered = sorted(set(ranks))
+    step = ordered[1] - ordered[0] if len(ordered) > 2 else 0
+    if step > 1 and ordered == list(range(ordered[0], ordered[-1] + 1, step)):
+        return f"{ordered[0]}-{ordered[-1]}:{step}"
+    return ranges(ordered)
+
+
 @functools.cache
 def expanded(text: str) -> list[int]:
-    """'0-2,5' -> [0, 1, 2, 5]; one list for each text, shared by every rank that names it (not to be changed)."""
+    """'0-2,5' -> [0, 1, 2, 5] and '1-9:4' -> [1, 5, 9]; one list for each text, shared by every rank that names it
+    (not to be changed)."""
     ranks: list[int] = []
     for part in filter(None, text.split(",")):
-        first, _, last = part.partition("-")
-        ranks += range(int(first), int(last or first) + 1)
+        run, _, step = part.partition(":")
+        first, _, last = run.partition("-")
+        ranks += range(int(first), int(last or first) + 1, int(step or 1))
     return ranks
 
 
@@ -99,7 +112,7 @@ def kept_entries(dump: dict) -> list[dict]:
 def summary(dump: dict) -> dict:
     """DUMP with only what the hang report reads of it (the module's text), for JSON."""
     config = {
-        name: {**{k: v for k, v in group.items() if k != "ranks"}, "ranges": ranges(members(group))}
+        name: {**{k: v for k, v in group.items() if k != "ranks"}, "ranges": strided(members(group))}
         for name, group in dump.get("pg_config", {}).items()
     }
     return {"version": dump.get("version"), "pg_config": config, "pg_status": dump.get("pg_status", {}),
