@@ -146,9 +146,9 @@ print(json.dumps(said))
 """
 
 
-def start_rank(import_all: str) -> dict:
+def start_rank(import_all: str) -> subprocess.CompletedProcess[str]:
     """The rank with its inits deferred (SRUN_SH_IMPORT_ALL=0) also compiles; the other only starts."""
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", RANK, *(["compile"] if import_all == "0" else [])],
         cwd=REPO,
         env={**os.environ, "SRUN_SH_IMPORT_ALL": import_all},
@@ -157,14 +157,13 @@ def start_rank(import_all: str) -> dict:
         timeout=300,
         check=False,
     )
-    return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
 def rank(once, import_all: str) -> dict:
     """What the rank said, its process started once a session for both tests below."""
     done = once(f"deferred-inits-rank-{import_all}", lambda: start_rank(import_all))
-    assert done["returncode"] == 0, done["stderr"][-3000:]
-    return json.loads(done["stdout"].splitlines()[-1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def test_torch_compile_in_a_rank_imports_none_of_the_unneeded_modules(once):
