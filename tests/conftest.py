@@ -1,14 +1,17 @@
-"""Shared fixtures: the repository, a CLI runner for entrypoint.py, tiny Hugging Face model folders, and a corpus with
-its tokenizer and prepared dataset."""
+"""Shared fixtures: the repository, a CLI runner for entrypoint.py, tiny Hugging Face model folders, a corpus with its
+tokenizer and prepared dataset, and a value made once a session for the tests of every xdist worker."""
 
 import dataclasses
+import fcntl
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,6 +111,26 @@ def prepared(corpus: Corpus, tmp_path_factory: pytest.TempPathFactory) -> Prepar
     command += ["--tokenizer", str(corpus.tokenizer), "--output-prefix", str(prefix)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     return Prepared(prefix, result)
+
+
+@pytest.fixture(scope="session")
+def once(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[], Any]], Any]:
+    """once(NAME, make) -> make()'s value (a picklable one), made by the first test of the session that asks for NAME,
+    on whichever xdist worker, and read back by every later one: a slow subprocess that several tests read starts once
+    a session. A make() that raises keeps nothing, so each test that asks again runs it again."""
+    folder = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        folder = folder.parent  # the session's temp folder, which holds each worker's
+
+    def value(name: str, make: Callable[[], Any]) -> Any:
+        made = folder / f"once-{name}.pickle"
+        with open(folder / f"once-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a worker making it holds the lock: wait for its value
+            if not made.exists():
+                made.write_bytes(pickle.dumps(make()))
+        return pickle.loads(made.read_bytes())
+
+    return value
 
 
 @pytest.fixture

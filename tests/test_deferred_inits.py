@@ -10,9 +10,11 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.conftest import REPO
-
+# Not tests.conftest's REPO: the subprocesses below import this module for unneeded(), and conftest's imports
+# (transformers, tokenizers, pytest) would cost each of them seconds, with modules no rank imports.
+REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
 # What a GPT pretrain from a recipe never calls (bench/results/startup.md, "What a recipe needs"): the model bridges
 # and Hugging Face conversion, the diffusion models and their packages, PEFT, ModelOpt's export and search modes.
@@ -122,56 +124,51 @@ def test_every_name_asked_of_a_deferred_package_is_what_its_init_makes_it_and_a_
     assert {name: pair for name, pair in submodule.items() if pair[0][2] != name.replace(":", ".")} == {}
 
 
-# torch.compile keys its caches by pickling the graph; pickle looks a function up in every module of sys.modules.
-COMPILED = """
-import sys
+# A rank's start: entrypoint.py imported as in a rank, then the root logger's level and handlers. Megatron-LM's
+# training module configures the root logger as it loads (Megatron Bridge's "Pretrain failed on rank=" line goes
+# through it), so the deferral must leave it be. Asked to, the rank then runs torch.compile and says which unneeded
+# modules are imported: torch.compile keys its caches by pickling the graph, and pickle looks a function up in every
+# module of sys.modules.
+RANK = """
+import json, logging, sys
+compiles = sys.argv[1:] == ["compile"]
 sys.argv = ["entrypoint.py"]
 import entrypoint
-import torch
-from tests.test_deferred_inits import unneeded
-twice = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2)
-assert twice(torch.ones(4)).shape == (4,)
-print(unneeded(set(sys.modules)))
+root = logging.getLogger()
+said = {"logging": [logging.getLevelName(root.level), [type(handler).__name__ for handler in root.handlers]]}
+if compiles:
+    import torch
+    from tests.test_deferred_inits import unneeded
+    twice = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2)
+    assert twice(torch.ones(4)).shape == (4,)
+    said["unneeded"] = unneeded(set(sys.modules))
+print(json.dumps(said))
 """
 
 
-def test_torch_compile_in_a_rank_imports_none_of_the_unneeded_modules():
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILED],
+def start_rank(import_all: str) -> subprocess.CompletedProcess[str]:
+    """The rank with its inits deferred (SRUN_SH_IMPORT_ALL=0) also compiles; the other only starts."""
+    return subprocess.run(
+        [sys.executable, "-c", RANK, *(["compile"] if import_all == "0" else [])],
         cwd=REPO,
-        env={**os.environ, "SRUN_SH_IMPORT_ALL": "0"},
+        env={**os.environ, "SRUN_SH_IMPORT_ALL": import_all},
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+def rank(once, import_all: str) -> dict:
+    """What the rank said, its process started once a session for both tests below."""
+    done = once(f"deferred-inits-rank-{import_all}", lambda: start_rank(import_all))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == "[]"
+    return json.loads(done.stdout.splitlines()[-1])
 
 
-# The logging a rank has when its training stack is imported: Megatron-LM's training module configures the root logger
-# as it loads (Megatron Bridge's "Pretrain failed on rank=" line goes through it), so the deferral must leave it be.
-LOGGING = """
-import logging, sys
-sys.argv = ["entrypoint.py"]
-import entrypoint
-root = logging.getLogger()
-print(logging.getLevelName(root.level), [type(handler).__name__ for handler in root.handlers])
-"""
+def test_torch_compile_in_a_rank_imports_none_of_the_unneeded_modules(once):
+    assert rank(once, "0")["unneeded"] == []
 
 
-def test_the_ranks_logging_is_the_same_with_the_inits_deferred_or_whole():
-    seen = {}
-    for import_all in ("0", "1"):
-        done = subprocess.run(
-            [sys.executable, "-c", LOGGING],
-            cwd=REPO,
-            env={**os.environ, "SRUN_SH_IMPORT_ALL": import_all},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        seen[import_all] = done.stdout.splitlines()[-1]
-    assert seen["0"] == seen["1"]
+def test_the_ranks_logging_is_the_same_with_the_inits_deferred_or_whole(once):
+    assert rank(once, "0")["logging"] == rank(once, "1")["logging"]

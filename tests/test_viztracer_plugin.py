@@ -70,15 +70,26 @@ def run_loop(tmp_path: Path, rank: int, *extra: str, ranks: str = "0") -> subpro
     )
 
 
+@pytest.fixture
+def rank_0_run(once, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """rank 0 of the loop as run_loop runs it, and its traces folder: one run a session for the tests that read it."""
+
+    def run() -> tuple[subprocess.CompletedProcess[str], Path]:
+        folder = tmp_path_factory.mktemp("rank_0_run")
+        return run_loop(folder, 0), folder / "traces"
+
+    return once("viztracer-rank-0", run)
+
+
 def traced_steps(trace: Path) -> int:
     events = json.loads(trace.read_text())["traceEvents"]
     return sum(1 for e in events if e.get("ph") == "X" and e["name"].startswith("train_step ("))
 
 
-def test_profiled_rank_writes_one_trace_holding_exactly_the_window(tmp_path: Path):
-    result = run_loop(tmp_path, 0)
+def test_profiled_rank_writes_one_trace_holding_exactly_the_window(rank_0_run):
+    result, traces = rank_0_run
     assert result.returncode == 0, result.stderr
-    trace = tmp_path / "traces" / "trace_rank0.json"
+    trace = traces / "trace_rank0.json"
     assert sorted(p.name for p in trace.parent.iterdir()) == [trace.name]
     assert traced_steps(trace) == 4  # steps 4 to 7 (start=3, end=7)
     assert "[profiling] rank 0: viztracer window opens before step 4" in result.stdout
@@ -86,11 +97,11 @@ def test_profiled_rank_writes_one_trace_holding_exactly_the_window(tmp_path: Pat
     assert f"[profiling] rank 0: viztracer trace written to {trace}" in result.stdout
 
 
-def test_trace_names_the_training_process_not_its_forked_writer(tmp_path: Path):
-    result = run_loop(tmp_path, 0)
+def test_trace_names_the_training_process_not_its_forked_writer(rank_0_run):
+    result, traces = rank_0_run
     assert result.returncode == 0, result.stderr
     training_pid = int(result.stdout.split("training pid ")[1].split()[0])
-    events = json.loads((tmp_path / "traces" / "trace_rank0.json").read_text())["traceEvents"]
+    events = json.loads((traces / "trace_rank0.json").read_text())["traceEvents"]
     assert {e["pid"] for e in events if e.get("ph") == "X"} == {training_pid}
 
 
