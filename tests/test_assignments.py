@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.assignments import Assignment, NotAssignmentError, assignment, section, split
-from launcher.config import grammar, overrides
+from launcher.config import grammar
 from launcher.config.errors import UsageError, first_line
 from launcher.host import preflight
 

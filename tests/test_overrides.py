@@ -70,7 +70,7 @@ def test_a_sweep_that_cannot_be_the_text_typed_is_refused_at_once(argument: str)
 def test_a_plain_sweep_waits_for_the_field_it_sets():
     (override,) = grammar.parse(["dataset.split=90,5,5"])
     assert override.is_sweep_override()
-    assert overrides.may_be_text(override)
+    assert grammar.may_be_text(override)
     assert overrides.typed_value(override) == "90,5,5"
     (spaced,) = grammar.parse(["dataset.split= 90,5,5 "])
     assert overrides.typed_value(spaced) == "90,5,5"

@@ -4,12 +4,12 @@ twice, and a sweep that no field could take as the text typed; launcher/config/o
 """
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import ChoiceSweep, Override
 from hydra.errors import HydraException
 
 from launcher.assignments import NotAssignmentError, assignment
 from launcher.config.errors import UsageError, first_line
-from launcher.config.overrides import may_be_text, sweep_refusal
+from launcher.config.overrides import edits_keys, sweep_refusal, typed_value
 
 
 def parse(arguments: list[str]) -> list[Override]:
@@ -38,3 +38,19 @@ def parse_one(parser: OverridesParser, argument: str) -> Override:
             f"malformed argument {argument!r}: expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000"
             f" ({reason})"
         ) from None
+
+
+# What a sweep typed for a string may not hold: quotes, escapes, and the brackets of functions, lists, dicts and
+# interpolations, where the text typed and the string meant could differ.
+NOT_TEXT = set("'\"\\()[]{}$")
+
+
+def may_be_text(override: Override) -> bool:
+    """A plain sweep of choices, a,b,c, that a field taking a string can take as the text typed."""
+    sweep = override.value()
+    return (
+        isinstance(sweep, ChoiceSweep)
+        and sweep.simple_form
+        and not edits_keys(override)
+        and not NOT_TEXT & set(typed_value(override))
+    )

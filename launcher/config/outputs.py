@@ -1,5 +1,5 @@
 """Where a run writes: every output path carries the recipe and the run id, so two jobs never share a directory and a
-new job never resumes from another job's checkpoints.
+new job never resumes from another job's checkpoints (launcher/config/overrides.py moves the recipe's outputs there).
 
     $OUTPUT_ROOT/<recipe>/<RUN_ID>/  config.yaml  launch.json  checkpoints/  tb_logs/  viztracer/
 """
@@ -48,16 +48,13 @@ URL_QUERY = re.compile(r"(?P<before>\b[A-Za-z][A-Za-z0-9+.-]*://[^?#\s]*\?)[^#\s
 PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "viztracer")
 
 
-def run_id() -> str:
-    """The launcher's RUN_ID (the SLURM job id on a cluster); a bare `python entrypoint.py` falls back to its pid."""
-    return os.environ.get("RUN_ID") or os.environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
-
-
 def run_dir(recipe: Path) -> Path:
-    """srun.sh's RUN_DIR; a bare `python entrypoint.py` makes its own from OUTPUT_ROOT, the recipe and RUN_ID."""
+    """srun.sh's RUN_DIR; a bare `python entrypoint.py` makes its own from OUTPUT_ROOT, the recipe and RUN_ID (the
+    SLURM job id on a cluster, else its pid)."""
     if "RUN_DIR" in os.environ:
         return Path(os.environ["RUN_DIR"]).absolute()
-    return Path(os.environ.get("OUTPUT_ROOT", "outputs")).absolute() / recipe.stem / run_id()
+    run_id = os.environ.get("RUN_ID") or os.environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
+    return Path(os.environ.get("OUTPUT_ROOT", "outputs")).absolute() / recipe.stem / run_id
 
 
 def config_yaml(cfg: ConfigContainer) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, Override
+from hydra.core.override_parser.types import Override
 from megatron.bridge.training.config import ConfigContainer, InProcessRestartConfig, NVRxStragglerDetectionConfig
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, get_mixed_precision_config
 from megatron.bridge.training.utils import omegaconf_utils
@@ -64,22 +64,6 @@ def adds(override: Override) -> bool:
 def edits_keys(override: Override) -> bool:
     """`+NAME=`, `++NAME=` or `~NAME`: an edit of the config's keys rather than of a value."""
     return adds(override) or override.is_delete()
-
-
-# What a sweep typed for a string may not hold: quotes, escapes, and the brackets of functions, lists, dicts and
-# interpolations, where the text typed and the string meant could differ.
-NOT_TEXT = set("'\"\\()[]{}$")
-
-
-def may_be_text(override: Override) -> bool:
-    """A plain sweep of choices, a,b,c, that a field taking a string can take as the text typed."""
-    sweep = override.value()
-    return (
-        isinstance(sweep, ChoiceSweep)
-        and sweep.simple_form
-        and not edits_keys(override)
-        and not NOT_TEXT & set(typed_value(override))
-    )
 
 
 def typed_value(override: Override) -> str:
@@ -178,19 +162,19 @@ def choose_preset(cfg: ConfigContainer, overrides: list[Override]) -> tuple[list
         try:
             cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)
         except ValueError:
-            raise UsageError(unknown_preset_message(cfg.mixed_precision)) from None
+            names = sorted(
+                n for n in MIXED_PRECISION_RECIPES if "-" not in n
+            )  # each preset is also registered with '-'
+            close = difflib.get_close_matches(cfg.mixed_precision, names, n=1, cutoff=0.8)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(
+                f"unknown mixed_precision preset {cfg.mixed_precision!r}: {hint}presets: {', '.join(names)}"
+            ) from None
     return [o for o in overrides if not is_preset_choice(o)], applied
 
 
 def is_preset_choice(override: Override) -> bool:
     return override.key_or_group == PRESET and not override.is_delete() and isinstance(override.value(), str)
-
-
-def unknown_preset_message(name: str) -> str:
-    names = sorted(n for n in MIXED_PRECISION_RECIPES if "-" not in n)  # each preset is also registered with '-'
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown mixed_precision preset {name!r}: {hint}presets: {', '.join(names)}"
 
 
 def apply(cfg: ConfigContainer, overrides: list[Override]) -> dict[str, Any]:

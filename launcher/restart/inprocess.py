@@ -19,9 +19,12 @@ def pass_the_call_wrapper() -> None:
     _pretrain would never learn it restarts (its own clean-up runs first, every restart under one store prefix). The
     adapter gets the signature NVRx looks for; its code stays upstream's (docs/failures.md, upstream defects)."""
     from megatron.bridge.training import inprocess_restart as bridge
+    from nvidia_resiliency_ext.inprocess import CallWrapper
 
     build = bridge.inprocess_restart
-    signature = adapter_signature()
+    kind = inspect.Parameter
+    call_wrapper = kind("inprocess_call_wrapper", kind.KEYWORD_ONLY, default=None, annotation=CallWrapper)
+    signature = inspect.Signature([kind("args", kind.VAR_POSITIONAL), call_wrapper, kind("kwargs", kind.VAR_KEYWORD)])
 
     def inprocess_restart(train_fn: Callable, config: InProcessRestartConfig, state: object) -> Callable:
         wrapped = build(train_fn, config, state)
@@ -29,14 +32,6 @@ def pass_the_call_wrapper() -> None:
         return wrapped
 
     bridge.inprocess_restart = inprocess_restart
-
-
-def adapter_signature() -> inspect.Signature:
-    from nvidia_resiliency_ext.inprocess import CallWrapper
-
-    kind = inspect.Parameter
-    call_wrapper = kind("inprocess_call_wrapper", kind.KEYWORD_ONLY, default=None, annotation=CallWrapper)
-    return inspect.Signature([kind("args", kind.VAR_POSITIONAL), call_wrapper, kind("kwargs", kind.VAR_KEYWORD)])
 
 
 def restart_enabled(cfg: ConfigContainer) -> bool:
