@@ -29,7 +29,7 @@ from typing import NoReturn, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
-from launcher.config.errors import UsageError, first_line, report
+from launcher.config.errors import UsageError, report
 from launcher.rank import deferred_inits
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
@@ -82,7 +82,7 @@ if __name__ != "__mp_main__":
             from megatron.bridge.training.pretrain import pretrain
 
             import viztracer_plugin
-            from launcher.config import checks, data, outputs, overrides, precision, run_env
+            from launcher.config import checks, data, grammar, outputs, overrides, run_env
             from launcher.hang import dumps as hang_dumps
             from launcher.hang import progress
             from launcher.rank import nsys
@@ -91,9 +91,6 @@ if __name__ != "__mp_main__":
     except ImportError as error:
         report(missing_stack(error))
         sys.exit(2)
-
-# What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
-RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)
 
 
 class Parser(argparse.ArgumentParser):
@@ -128,19 +125,6 @@ def load_recipe(path: Path) -> ModuleType:
     return module
 
 
-def build_config(recipe: ModuleType, kwargs: dict[str, object]) -> ConfigContainer:
-    try:
-        cfg = recipe.configure(**kwargs)
-    except RECIPE_ERRORS as error:
-        name, message = Path(recipe.__file__).name, first_line(error)
-        raise UsageError(f"recipe {name}: configure() failed: {type(error).__name__}: {message}") from None
-    if not isinstance(cfg, ConfigContainer):
-        name, kind = Path(recipe.__file__).name, type(cfg).__name__
-        raise UsageError(f"recipe {name}: configure() returned {kind}, not a ConfigContainer")
-    viztracer_plugin.add_viztracer_field(cfg)
-    return cfg
-
-
 def world_size(args: argparse.Namespace) -> int | None:
     """The job's rank count: --world-size (srun.sh's pre-flight), else $WORLD_SIZE (a rank), else unknown."""
     return args.world_size or (int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None)
@@ -149,17 +133,9 @@ def world_size(args: argparse.Namespace) -> int | None:
 def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object]]:
     """Recipe + arguments -> checked config, and what the arguments set in it. No distributed init, no GPU."""
     recipe = load_recipe(args.recipe)
-    parsed = overrides.parse(args.assignments)
-    kwargs, config_overrides = overrides.split_for_configure(recipe.configure, parsed)
-    cfg = build_config(recipe, kwargs)
-    inprocess.add_sections(cfg, config_overrides)  # inprocess_restart.enabled=true where the recipe left it None
-    outputs.place_outputs(cfg, outputs.run_dir(args.recipe))
-    config_overrides, preset = precision.choose_preset(cfg, config_overrides)
-    applied = {**kwargs, **preset, **overrides.apply(cfg, config_overrides)}
-    outputs.load_own_checkpoints(cfg)
-    checks.check_config(cfg, inprocess.training_world_size(cfg, world_size(args)))
-    inprocess.check_config(cfg, world_size(args))
-    data.check_data(cfg)
+    parsed = grammar.parse(args.assignments)
+    cfg, applied = overrides.configured(recipe, parsed, outputs.run_dir(args.recipe))
+    checks.check_config(cfg, world_size(args))
     return cfg, applied
 
 

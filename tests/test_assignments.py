@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.assignments import Assignment, NotAssignmentError, assignment, section, split
-from launcher.config import overrides
+from launcher.config import grammar
 from launcher.config.errors import UsageError, first_line
 from launcher.host import preflight
 from launcher.host.plan import LaunchPlan
@@ -168,7 +168,7 @@ def test_a_rank_takes_as_an_assignment_exactly_what_split_takes(argument: str):
     """A rank refuses what split() refuses, before Hydra's reading of the value matters; what split() takes, the rank
     refuses only for Hydra's grammar (in Hydra's words) or as a sweep, never for its shape."""
     try:
-        overrides.parse([argument])
+        grammar.parse([argument])
         refusal = None
     except UsageError as refused:
         refusal = str(refused)
@@ -185,7 +185,7 @@ def test_a_rank_takes_as_an_assignment_exactly_what_split_takes(argument: str):
 @pytest.mark.parametrize("argument", ["~", "=5", "=", "= a"])
 def test_a_rank_refuses_the_empty_name_that_hydra_would_take(argument: str):
     with pytest.raises(UsageError) as refused:
-        overrides.parse([argument])
+        grammar.parse([argument])
     assert str(refused.value) == (
         f"malformed argument {argument!r}: expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000"
         " (NAME is empty)"

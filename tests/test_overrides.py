@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
 
-from launcher.config import overrides
+from launcher.config import grammar, overrides
 from launcher.config.errors import UsageError
 
 
@@ -26,7 +26,7 @@ def cfg():
 
 
 def apply(cfg, *arguments: str) -> dict[str, Any]:
-    return overrides.apply(cfg, overrides.parse(list(arguments)))
+    return overrides.apply(cfg, grammar.parse(list(arguments)))
 
 
 def refusal(call, *args) -> str:
@@ -39,14 +39,14 @@ def refusal(call, *args) -> str:
 
 
 def test_each_argument_is_parsed_by_hydras_grammar():
-    parsed = overrides.parse(["train.train_iters=1000", "+extra.key=1", "~model.seq_length", "a=[1,2]", "b=null"])
+    parsed = grammar.parse(["train.train_iters=1000", "+extra.key=1", "~model.seq_length", "a=[1,2]", "b=null"])
     assert [o.key_or_group for o in parsed] == ["train.train_iters", "extra.key", "model.seq_length", "a", "b"]
     assert [o.value() for o in parsed if not o.is_delete()] == [1000, 1, [1, 2], None]
-    assert overrides.parse([]) == []
+    assert grammar.parse([]) == []
 
 
 def test_a_malformed_argument_is_refused_with_the_grammar_and_hydras_reason():
-    line = refusal(overrides.parse, ["train.train_iters=[1"])
+    line = refusal(grammar.parse, ["train.train_iters=[1"])
     assert line.startswith(
         "malformed argument 'train.train_iters=[1': expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000 ("
     )
@@ -54,25 +54,25 @@ def test_a_malformed_argument_is_refused_with_the_grammar_and_hydras_reason():
 
 
 def test_a_key_given_twice_is_refused_whatever_its_prefix():
-    assert refusal(overrides.parse, ["a=1", "b=2", "a=3"]) == "'a' is given twice: keep one NAME=VALUE per key"
-    assert refusal(overrides.parse, ["+a=1", "a=2"]) == "'a' is given twice: keep one NAME=VALUE per key"
+    assert refusal(grammar.parse, ["a=1", "b=2", "a=3"]) == "'a' is given twice: keep one NAME=VALUE per key"
+    assert refusal(grammar.parse, ["+a=1", "a=2"]) == "'a' is given twice: keep one NAME=VALUE per key"
 
 
 @pytest.mark.parametrize(
     "argument", ["a=range(1,3)", "a=choice(1,2)", "+a=1,2", "++a=1,2", "a='x',y", 'a="x",y', "a=x,${y}", "a=[1],2"]
 )
 def test_a_sweep_that_cannot_be_the_text_typed_is_refused_at_once(argument: str):
-    assert refusal(overrides.parse, [argument]) == (
+    assert refusal(grammar.parse, [argument]) == (
         f"{argument!r} is a Hydra sweep, which a launch cannot run: give one value, or write a list as NAME=[a,b]"
     )
 
 
 def test_a_plain_sweep_waits_for_the_field_it_sets():
-    (override,) = overrides.parse(["dataset.split=90,5,5"])
+    (override,) = grammar.parse(["dataset.split=90,5,5"])
     assert override.is_sweep_override()
-    assert overrides.may_be_text(override)
+    assert grammar.may_be_text(override)
     assert overrides.typed_value(override) == "90,5,5"
-    (spaced,) = overrides.parse(["dataset.split= 90,5,5 "])
+    (spaced,) = grammar.parse(["dataset.split= 90,5,5 "])
     assert overrides.typed_value(spaced) == "90,5,5"
 
 
@@ -96,10 +96,10 @@ def test_fields_that_take_only_a_string(annotation, text_only: bool):
 
 
 def test_a_sweep_for_a_string_field_is_the_string_typed_and_any_other_is_refused():
-    (sweep,) = overrides.parse(["dataset.split=90,5,5"])
+    (sweep,) = grammar.parse(["dataset.split=90,5,5"])
     text = overrides.as_text(sweep, str)
     assert (text.value(), text.is_sweep_override()) == ("90,5,5", False)
-    (plain,) = overrides.parse(["dataset.split=x"])
+    (plain,) = grammar.parse(["dataset.split=x"])
     assert overrides.as_text(plain, int) is plain
     assert refusal(overrides.as_text, sweep, int) == (
         "'dataset.split=90,5,5' is a Hydra sweep, which a launch cannot run: give one value"
@@ -119,23 +119,23 @@ def configure(use_megatron_fsdp: bool = False, data_paths: list[str | float] | s
 
 def test_parameters_of_configure_become_its_keyword_arguments_and_the_rest_edit_the_config():
     given_arguments = ["use_megatron_fsdp=true", "train.train_iters=5", "data_paths=[0.3,a,0.7,b]", "seed=x"]
-    kwargs, rest = overrides.split_for_configure(configure, overrides.parse(given_arguments))
+    kwargs, rest = overrides.split_for_configure(configure, grammar.parse(given_arguments))
     assert kwargs == {"use_megatron_fsdp": True, "data_paths": [0.3, "a", 0.7, "b"], "seed": "x"}
     assert [o.key_or_group for o in rest] == ["train.train_iters"]
 
 
 def test_a_parameter_with_a_prefix_edits_the_config_instead():
-    kwargs, rest = overrides.split_for_configure(configure, overrides.parse(["+use_megatron_fsdp=true", "~seed"]))
+    kwargs, rest = overrides.split_for_configure(configure, grammar.parse(["+use_megatron_fsdp=true", "~seed"]))
     assert kwargs == {}
     assert [o.key_or_group for o in rest] == ["use_megatron_fsdp", "seed"]
 
 
 def test_a_parameter_of_the_wrong_type_is_refused_with_the_type_it_takes():
-    line = refusal(overrides.split_for_configure, configure, overrides.parse(["use_megatron_fsdp=maybe"]))
+    line = refusal(overrides.split_for_configure, configure, grammar.parse(["use_megatron_fsdp=maybe"]))
     assert line == "use_megatron_fsdp=maybe has the wrong type: configure() takes bool"
-    line = refusal(overrides.split_for_configure, configure, overrides.parse(["data_paths=a,b"]))
+    line = refusal(overrides.split_for_configure, configure, grammar.parse(["data_paths=a,b"]))
     assert line == "'data_paths=a,b' is a Hydra sweep, which a launch cannot run: write a list as NAME=[a,b]"
-    line = refusal(overrides.split_for_configure, configure, overrides.parse(["seed=a,b"]))  # no annotation
+    line = refusal(overrides.split_for_configure, configure, grammar.parse(["seed=a,b"]))  # no annotation
     assert (
         line == "'seed=a,b' is a Hydra sweep, which a launch cannot run: give one value, or write a list as NAME=[a,b]"
     )

@@ -15,7 +15,7 @@ from megatron.bridge.training.config import GPTDatasetConfig
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.utils import Split
 
-from launcher.config import splits
+from launcher.config import data, splits
 from launcher.config.errors import UsageError
 
 
@@ -25,7 +25,7 @@ def dataset_config(**fields) -> GPTDatasetConfig:
 
 
 def run_data(config: GPTDatasetConfig, lengths: dict[str, list[int]], targets=(80, 40, 8)) -> splits.RunData:
-    blend, per_split = splits.run_blends(config)
+    blend, per_split = data.run_blends(config)
     arrays = {prefix: numpy.array(values, dtype=numpy.int32) for prefix, values in lengths.items()}
     return splits.RunData(config, blend, per_split, list(targets), arrays)
 
@@ -62,7 +62,7 @@ def test_a_training_length_known_only_from_the_data_gives_no_targets(cfg):
 def test_a_training_length_megatron_bridge_refuses_gives_no_targets_and_no_check(cfg):
     cfg.train.train_samples = 40  # both train_iters and train_samples: Bridge's finalize asserts
     assert splits.sample_targets(cfg) is None
-    splits.check_splits(cfg, {"a": numpy.array([], dtype=numpy.int32)})  # nothing judged
+    splits.check_splits(cfg, data.run_blends(cfg.dataset), {"a": numpy.array([], dtype=numpy.int32)})  # nothing judged
 
 
 # ---- which blend is read -------------------------------------------------------------------------------------------
@@ -71,19 +71,19 @@ def test_a_training_length_megatron_bridge_refuses_gives_no_targets_and_no_check
 def test_data_path_is_the_blend_when_no_blend_is_given():
     config = dataset_config(blend=None)
     config.data_path = "0.3 a 0.7 b"
-    assert splits.run_blends(config) == ((["a", "b"], [0.3, 0.7]), None)
+    assert data.run_blends(config) == ((["a", "b"], [0.3, 0.7]), None)
     config.data_path = ["a", "b"]
-    assert splits.run_blends(config) == ((["a", "b"], None), None)
+    assert data.run_blends(config) == ((["a", "b"], None), None)
 
 
 def test_a_blend_per_split_wins_over_data_path_and_an_empty_one_does_not():
     per_split = [(["a"], None), None, (["b"], None)]
     config = dataset_config(blend=None, blend_per_split=per_split, split=None)
     config.data_path = "c"
-    assert splits.run_blends(config) == (None, per_split)
+    assert data.run_blends(config) == (None, per_split)
     config = dataset_config(blend=(["d"], None), blend_per_split=[None, None, None])
     config.data_path = "c"
-    assert splits.run_blends(config) == ((["d"], None), None)
+    assert data.run_blends(config) == ((["d"], None), None)
 
 
 # ---- the documents of each split -----------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def test_the_issue_corpus_is_refused_with_the_split_that_works(cfg):
     """167 documents: 9999,8,2 gives valid and test none; 90,5,5 gives 150, 9 and 8 (round(0.9 x 167) = 150)."""
     cfg.dataset.blend, cfg.dataset.split = (["web"], None), "9999,8,2"
     with pytest.raises(UsageError) as refused:
-        splits.check_splits(cfg, {"web": numpy.full(167, 100, dtype=numpy.int32)})
+        splits.check_splits(cfg, data.run_blends(cfg.dataset), {"web": numpy.full(167, 100, dtype=numpy.int32)})
     assert str(refused.value) == (
         "the valid split of web (40 samples) and the test split of web (8 samples) get no document: megatron-core's"
         " GPTDataset would loop forever looking for the tokens of their samples, and the job would hang before its"
@@ -253,12 +253,12 @@ def test_the_issue_corpus_is_refused_with_the_split_that_works(cfg):
 
 def test_a_run_that_fits_its_data_passes(cfg):
     cfg.dataset.blend, cfg.dataset.split = (["web"], None), "90,5,5"
-    splits.check_splits(cfg, {"web": numpy.full(167, 100, dtype=numpy.int32)})
+    splits.check_splits(cfg, data.run_blends(cfg.dataset), {"web": numpy.full(167, 100, dtype=numpy.int32)})
 
 
 def test_mock_data_is_not_judged(cfg):
     cfg.dataset = object()  # no BlendedMegatronDatasetConfig: nothing of megatron-core's builder to judge
-    splits.check_splits(cfg, {})
+    splits.check_splits(cfg, (None, None), {})
 
 
 def test_the_offered_split_is_the_first_that_builds_and_the_last_trains_on_everything():
@@ -283,7 +283,11 @@ def test_a_blend_per_split_is_refused_with_each_splits_documents(cfg):
     cfg.dataset.blend, cfg.dataset.split = None, None
     cfg.dataset.blend_per_split = [(["a"], None), (["b"], None), None]
     with pytest.raises(UsageError) as refused:
-        splits.check_splits(cfg, {"a": numpy.full(5, 10, dtype=numpy.int32), "b": numpy.zeros(2, dtype=numpy.int32)})
+        splits.check_splits(
+            cfg,
+            data.run_blends(cfg.dataset),
+            {"a": numpy.full(5, 10, dtype=numpy.int32), "b": numpy.zeros(2, dtype=numpy.int32)},
+        )
     assert str(refused.value) == (
         "the valid split of b (40 samples, 2 documents of 0 tokens) gets no document: megatron-core's GPTDataset would"
         " loop forever looking for the tokens of their samples, and the job would hang before its first step"
@@ -309,7 +313,7 @@ def test_a_dataset_config_without_gpts_fields_is_counted_with_gpt_datasets_defau
     blend is read, and a part's samples are counted as GPTDatasetConfig's defaults count them (an extra token per
     sample, the partial last validation sequence dropped)."""
     config = BlendedMegatronDatasetConfig(random_seed=1, sequence_length=8, blend=(["a"], None), split="90,5,5")
-    assert splits.run_blends(config) == ((["a"], None), None)
+    assert data.run_blends(config) == ((["a"], None), None)
     assert splits.one_epoch_samples(splits.Part("a", Split.train, 2, 16, None), config) == 1  # 15 // 8
     assert splits.one_epoch_samples(splits.Part("a", Split.valid, 2, 16, None), config) == 1  # not ceil(15 / 8)
 
@@ -319,13 +323,13 @@ def test_the_sequence_length_the_user_set_counts_before_bridge_copies_it_at_fina
     Megatron Bridge finalizes the config: 9 tokens make one sample of 8 + 1."""
     assert cfg.dataset.sequence_length != 8
     cfg.dataset.blend, cfg.dataset.split = (["a", "b"], None), "100,0,0"
-    splits.check_splits(cfg, {"a": numpy.array([9]), "b": numpy.array([9])})
+    splits.check_splits(cfg, data.run_blends(cfg.dataset), {"a": numpy.array([9]), "b": numpy.array([9])})
 
 
 def test_an_unweighted_blend_with_a_dataset_of_less_than_one_sample_is_refused(cfg):
     cfg.dataset.blend, cfg.dataset.split = (["a", "b"], None), "100,0,0"
     with pytest.raises(UsageError) as refused:
-        splits.check_splits(cfg, {"a": numpy.full(20, 100), "b": numpy.array([4, 4])})
+        splits.check_splits(cfg, data.run_blends(cfg.dataset), {"a": numpy.full(20, 100), "b": numpy.array([4, 4])})
     assert str(refused.value).startswith(
         "the train split of b (2 documents, 8 tokens) holds less than one sample (dataset.seq_length+1=9 tokens)"
     )

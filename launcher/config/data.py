@@ -15,9 +15,11 @@ from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path, get_idx_path
 from megatron.core.datasets.object_storage_utils import is_object_storage_path
+from megatron.core.datasets.utils import get_blend_from_list
 
 from launcher.config import splits
 from launcher.config.errors import UsageError, first_line
+from launcher.config.splits import Blend, Blends
 
 SAMPLED_SEQUENCES = 16  # first, last and evenly in between
 SAMPLED_TOKENS = 4096  # from the start of each sampled sequence
@@ -31,11 +33,21 @@ def datasets(cfg: ConfigContainer) -> list[tuple[str, float | None]]:
     dataset = cfg.dataset
     if not isinstance(dataset, BlendedMegatronDatasetConfig):
         return []
-    whole, per_split = splits.run_blends(dataset)  # Megatron Bridge makes data_path the blend when it finalizes
+    whole, per_split = run_blends(dataset)
     listed = []
     for prefixes, weights in filter(None, [whole, *(per_split or [])]):
         listed += zip(prefixes, weights or [None] * len(prefixes), strict=True)
     return listed
+
+
+def run_blends(dataset: BlendedMegatronDatasetConfig) -> tuple[Blend | None, Blends]:
+    """The blend (or blend per split) megatron-core will read; Megatron Bridge makes data_path the blend."""
+    data_path = getattr(dataset, "data_path", None)
+    if dataset.blend is None and not any(dataset.blend_per_split or []) and data_path:
+        return get_blend_from_list(data_path.split() if isinstance(data_path, str) else list(data_path)), None
+    if any(dataset.blend_per_split or []):
+        return None, list(dataset.blend_per_split)
+    return dataset.blend, None
 
 
 def check_data(cfg: ConfigContainer) -> None:
@@ -47,7 +59,8 @@ def check_data(cfg: ConfigContainer) -> None:
     for prefix in dict.fromkeys(prefix for prefix, _ in listed):
         if not is_object_storage_path(prefix):  # s3:// and msc:// data are megatron-core's to fetch and read
             indexes[prefix] = check_dataset(prefix, vocab_size, cfg.tokenizer.tokenizer_model)
-    splits.check_splits(cfg, {prefix: index.sequence_lengths for prefix, index in indexes.items()})
+    blends, lengths = run_blends(cfg.dataset), {prefix: index.sequence_lengths for prefix, index in indexes.items()}
+    splits.check_splits(cfg, blends, lengths)
 
 
 def container_mounts() -> list[str] | None:

@@ -1,5 +1,5 @@
 """Where a run writes: every output path carries the recipe and the run id, so two jobs never share a directory and a
-new job never resumes from another job's checkpoints.
+new job never resumes from another job's checkpoints (launcher/config/overrides.py moves the recipe's outputs there).
 
     $OUTPUT_ROOT/<recipe>/<RUN_ID>/  config.yaml  launch.json  checkpoints/  tb_logs/  viztracer/
 """
@@ -17,8 +17,6 @@ from omegaconf import OmegaConf
 
 from launcher.run_files import write_private
 
-# Megatron Bridge 0.6 recipes default to <cwd>/nemo_experiments/default/..., shared by every run started there.
-UPSTREAM_DEFAULT = Path.cwd() / "nemo_experiments" / "default"
 # The variables launch.json records, by exact name: a family prefix (HF_, NCCL_) also records whatever credential a user
 # keeps under it (HF_PASSWD, HF_AUTH), and no list of suspicious words in names catches them all.
 RECORDED_ENV_NAMES = frozenset(
@@ -50,36 +48,13 @@ URL_QUERY = re.compile(r"(?P<before>\b[A-Za-z][A-Za-z0-9+.-]*://[^?#\s]*\?)[^#\s
 PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine", "viztracer")
 
 
-def run_id() -> str:
-    """The launcher's RUN_ID (the SLURM job id on a cluster); a bare `python entrypoint.py` falls back to its pid."""
-    return os.environ.get("RUN_ID") or os.environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
-
-
 def run_dir(recipe: Path) -> Path:
-    """srun.sh's RUN_DIR; a bare `python entrypoint.py` makes its own from OUTPUT_ROOT, the recipe and RUN_ID."""
+    """srun.sh's RUN_DIR; a bare `python entrypoint.py` makes its own from OUTPUT_ROOT, the recipe and RUN_ID (the
+    SLURM job id on a cluster, else its pid)."""
     if "RUN_DIR" in os.environ:
         return Path(os.environ["RUN_DIR"]).absolute()
-    return Path(os.environ.get("OUTPUT_ROOT", "outputs")).absolute() / recipe.stem / run_id()
-
-
-def place_outputs(cfg: ConfigContainer, directory: Path) -> None:
-    """Move the outputs the recipe left at upstream's shared default into this run's directory."""
-    for section, field, leaf in (
-        (cfg.checkpoint, "save", "checkpoints"),
-        (cfg.checkpoint, "load", "checkpoints"),
-        (cfg.logger, "tensorboard_dir", "tb_logs"),
-    ):
-        value = getattr(section, field)
-        if value is not None and Path(value).is_relative_to(UPSTREAM_DEFAULT):
-            setattr(section, field, str(directory / leaf))
-    os.environ.setdefault("VIZTRACER_OUTPUT_DIR", str(directory / "viztracer"))
-
-
-def load_own_checkpoints(cfg: ConfigContainer) -> None:
-    """A run resumes from its own checkpoints (a requeued job, SRUNSH_RUN_ID=<earlier>), but some upstream recipes (the
-    vanilla GPT one) save without loading. A new run's directory holds none, and Megatron Bridge then starts fresh."""
-    if cfg.checkpoint.load is None:
-        cfg.checkpoint.load = cfg.checkpoint.save
+    run_id = os.environ.get("RUN_ID") or os.environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
+    return Path(os.environ.get("OUTPUT_ROOT", "outputs")).absolute() / recipe.stem / run_id
 
 
 def config_yaml(cfg: ConfigContainer) -> str:

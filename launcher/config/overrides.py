@@ -1,61 +1,60 @@
-"""NAME=VALUE arguments: routed to the recipe's configure() or applied to its ConfigContainer, checked on the way.
+"""The recipe's config as the command line sets it: configure() called with the overrides named like its parameters,
+then the config it returns given this run's outputs, its mixed-precision preset and the other overrides, in that order.
 
-Each is an assignment in the launching host's reading (launcher/assignments.py) in Hydra's grammar (typed values,
-lists, null, quoting); Megatron Bridge's omegaconf_utils applies them. Refused here is what those would take silently:
-unknown keys, values of the wrong type, keys given twice, sweeps, `+`/`~` edits of dataclass fields that Megatron Bridge
-would drop. A field that takes only a string takes `a,b` (a sweep) as the text typed (dataset.split=90,5,5).
+Each override is parsed in Hydra's grammar (launcher/config/grammar.py); Megatron Bridge's omegaconf_utils applies them.
+Refused here is what those would take silently: unknown keys, values of the wrong type, sweeps, `+`/`~` edits of
+dataclass fields that Megatron Bridge would drop. A field that takes only a string takes `a,b` (a sweep) as the text
+typed (dataset.split=90,5,5). A section an override sets a field of (inprocess_restart, nvrx_straggler) is created
+where the recipe left it None. `mixed_precision=NAME` is resolved here into the preset's MixedPrecisionConfig, so that a
+misspelt name is refused before anything starts and `mixed_precision.FIELD=VALUE` changes one of its fields.
 """
 
 import dataclasses
 import difflib
 import inspect
+import os
 import types
 import typing
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, Override
-from hydra.errors import HydraException
-from megatron.bridge.training.config import ConfigContainer
+from hydra.core.override_parser.types import Override
+from megatron.bridge.training.config import ConfigContainer, InProcessRestartConfig, NVRxStragglerDetectionConfig
+from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, get_mixed_precision_config
 from megatron.bridge.training.utils import omegaconf_utils
 from megatron.bridge.utils.activation_map import DTYPE_MAP
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from launcher.assignments import NotAssignmentError, assignment
+import viztracer_plugin
 from launcher.config.errors import UsageError, first_line
 
-
-def parse(arguments: list[str]) -> list[Override]:
-    """Parse NAME=VALUE arguments with Hydra's override grammar; refuse duplicates and sweeps."""
-    parser = OverridesParser.create()
-    parsed: list[Override] = []
-    for argument in arguments:
-        override = parse_one(parser, argument)
-        if override.is_sweep_override() and not may_be_text(override):
-            raise UsageError(sweep_refusal(override, None))
-        if override.key_or_group in {earlier.key_or_group for earlier in parsed}:
-            raise UsageError(f"{override.key_or_group!r} is given twice: keep one NAME=VALUE per key")
-        parsed.append(override)
-    return parsed
+# What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
+RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)
+SECTIONS = {"inprocess_restart": InProcessRestartConfig, "nvrx_straggler": NVRxStragglerDetectionConfig}
+# Megatron Bridge 0.6 recipes default to <cwd>/nemo_experiments/default/..., shared by every run started there.
+UPSTREAM_DEFAULT = Path.cwd() / "nemo_experiments" / "default"
+PRESET = "mixed_precision"
 
 
-def parse_one(parser: OverridesParser, argument: str) -> Override:
-    """The argument as Hydra reads it, once it is also an assignment as the launching host reads it."""
-    try:
-        (override,) = parser.parse_overrides([argument])
-        assignment(argument)  # refuses `~` and `=VALUE`, whose empty NAME Hydra takes
-        return override
-    except (HydraException, NotAssignmentError) as error:
-        reason = first_line(error) if isinstance(error, HydraException) else "NAME is empty"
-        raise UsageError(
-            f"malformed argument {argument!r}: expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000"
-            f" ({reason})"
-        ) from None
+def configured(recipe: ModuleType, overrides: list[Override], run_dir: Path) -> tuple[ConfigContainer, dict[str, Any]]:
+    """The recipe's config with every override applied, and what each override set (by key, for the log)."""
+    kwargs, config_overrides = split_for_configure(recipe.configure, overrides)
+    cfg = build_config(recipe, kwargs)
+    add_sections(cfg, config_overrides)
+    place_outputs(cfg, run_dir)
+    config_overrides, preset = choose_preset(cfg, config_overrides)
+    applied = {**kwargs, **preset, **apply(cfg, config_overrides)}
+    # A run resumes from its own checkpoints (a requeued job, SRUNSH_RUN_ID=<earlier>), but some upstream recipes (the
+    # vanilla GPT one) save without loading. A new run's directory holds none, and Megatron Bridge then starts fresh.
+    if cfg.checkpoint.load is None:
+        cfg.checkpoint.load = cfg.checkpoint.save
+    return cfg, applied
 
 
 def adds(override: Override) -> bool:
@@ -65,22 +64,6 @@ def adds(override: Override) -> bool:
 def edits_keys(override: Override) -> bool:
     """`+NAME=`, `++NAME=` or `~NAME`: an edit of the config's keys rather than of a value."""
     return adds(override) or override.is_delete()
-
-
-# What a sweep typed for a string may not hold: quotes, escapes, and the brackets of functions, lists, dicts and
-# interpolations, where the text typed and the string meant could differ.
-NOT_TEXT = set("'\"\\()[]{}$")
-
-
-def may_be_text(override: Override) -> bool:
-    """A plain sweep of choices, a,b,c, that a field taking a string can take as the text typed."""
-    sweep = override.value()
-    return (
-        isinstance(sweep, ChoiceSweep)
-        and sweep.simple_form
-        and not edits_keys(override)
-        and not NOT_TEXT & set(typed_value(override))
-    )
 
 
 def typed_value(override: Override) -> str:
@@ -131,6 +114,67 @@ def split_for_configure(
             raise UsageError(f"{typed} has the wrong type: configure() takes {type_name(annotation)}")
         kwargs[name] = override.value()
     return kwargs, config_overrides
+
+
+def build_config(recipe: ModuleType, kwargs: dict[str, Any]) -> ConfigContainer:
+    try:
+        cfg = recipe.configure(**kwargs)
+    except RECIPE_ERRORS as error:
+        name, message = Path(recipe.__file__).name, first_line(error)
+        raise UsageError(f"recipe {name}: configure() failed: {type(error).__name__}: {message}") from None
+    if not isinstance(cfg, ConfigContainer):
+        name, kind = Path(recipe.__file__).name, type(cfg).__name__
+        raise UsageError(f"recipe {name}: configure() returned {kind}, not a ConfigContainer")
+    viztracer_plugin.add_viztracer_field(cfg)
+    return cfg
+
+
+def add_sections(cfg: ConfigContainer, overrides: list[Override]) -> None:
+    """Each section of SECTIONS that an override sets a field of, with its defaults, where the recipe left it None."""
+    for override in overrides:
+        name, dot, _ = override.key_or_group.partition(".")
+        if name in SECTIONS and dot and getattr(cfg, name) is None:
+            setattr(cfg, name, SECTIONS[name]())
+
+
+def place_outputs(cfg: ConfigContainer, directory: Path) -> None:
+    """Move the outputs the recipe left at upstream's shared default into this run's directory."""
+    for section, field, leaf in (
+        (cfg.checkpoint, "save", "checkpoints"),
+        (cfg.checkpoint, "load", "checkpoints"),
+        (cfg.logger, "tensorboard_dir", "tb_logs"),
+    ):
+        value = getattr(section, field)
+        if value is not None and Path(value).is_relative_to(UPSTREAM_DEFAULT):
+            setattr(section, field, str(directory / leaf))
+    os.environ.setdefault("VIZTRACER_OUTPUT_DIR", str(directory / "viztracer"))
+
+
+def choose_preset(cfg: ConfigContainer, overrides: list[Override]) -> tuple[list[Override], dict[str, Any]]:
+    """Apply a `mixed_precision=NAME` override and resolve the preset name the config holds (Megatron Bridge would look
+    it up inside pretrain(), on every rank). Returns the other overrides, and the chosen preset (empty when the
+    recipe's is kept)."""
+    choices = [o for o in overrides if is_preset_choice(o)]
+    applied: dict[str, Any] = {}
+    if choices:
+        cfg.mixed_precision = applied[PRESET] = choices[0].value()
+    if isinstance(cfg.mixed_precision, str):
+        try:
+            cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)
+        except ValueError:
+            names = sorted(
+                n for n in MIXED_PRECISION_RECIPES if "-" not in n
+            )  # each preset is also registered with '-'
+            close = difflib.get_close_matches(cfg.mixed_precision, names, n=1, cutoff=0.8)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(
+                f"unknown mixed_precision preset {cfg.mixed_precision!r}: {hint}presets: {', '.join(names)}"
+            ) from None
+    return [o for o in overrides if not is_preset_choice(o)], applied
+
+
+def is_preset_choice(override: Override) -> bool:
+    return override.key_or_group == PRESET and not override.is_delete() and isinstance(override.value(), str)
 
 
 def apply(cfg: ConfigContainer, overrides: list[Override]) -> dict[str, Any]:

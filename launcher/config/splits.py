@@ -21,13 +21,14 @@ from megatron.core.datasets.blended_megatron_dataset_config import (
     convert_split_vector_to_split_matrix,
     parse_and_normalize_split,
 )
-from megatron.core.datasets.utils import Split, get_blend_from_list, normalize
+from megatron.core.datasets.utils import Split, normalize
 
 from launcher.config.errors import UsageError
 
 # Splits to offer when the run's does not fit its data, most training data first; the last trains on every document.
 OFFERED_SPLITS = ("90,5,5", "80,10,10", "50,25,25", "100,0,0")
 Blend = tuple[list[str], list[float] | None]
+Blends = list[Blend | None] | None  # one per split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,19 +49,20 @@ class RunData:
 
     config: BlendedMegatronDatasetConfig
     blend: Blend | None
-    per_split: list[Blend | None] | None
+    per_split: Blends
     targets: list[int]
     lengths: dict[str, numpy.ndarray]
 
 
-def check_splits(cfg: ConfigContainer, lengths: dict[str, numpy.ndarray]) -> None:
-    """Refuse data whose splits megatron-core would hang on or refuse. lengths: each local dataset's sequence lengths
-    (its IndexedDataset.sequence_lengths); a dataset not in it (object storage) is megatron-core's to judge."""
+def check_splits(cfg: ConfigContainer, blends: tuple[Blend | None, Blends], lengths: dict[str, numpy.ndarray]) -> None:
+    """Refuse data whose splits megatron-core would hang on or refuse. blends: the blend, or blend per split, it reads
+    (launcher/config/data.py's run_blends); lengths: each local dataset's sequence lengths (its
+    IndexedDataset.sequence_lengths); a dataset not in it (object storage) is megatron-core's to judge."""
     dataset = cfg.dataset
     targets = sample_targets(cfg) if isinstance(dataset, BlendedMegatronDatasetConfig) else None
     if targets is None:
         return
-    data = RunData(dataset, *run_blends(dataset), targets, lengths)
+    data = RunData(dataset, *blends, targets, lengths)
     parts = split_parts(data, dataset.split)
     said = problems(parts, dataset)
     if said:
@@ -80,16 +82,6 @@ def sample_targets(cfg: ConfigContainer) -> list[int] | None:
     finalized = copy.copy(cfg)
     finalized.train = train
     return list(get_train_valid_test_num_samples(finalized))
-
-
-def run_blends(dataset: BlendedMegatronDatasetConfig) -> tuple[Blend | None, list[Blend | None] | None]:
-    """The blend (or blend per split) megatron-core will read; Megatron Bridge makes data_path the blend."""
-    data_path = getattr(dataset, "data_path", None)
-    if dataset.blend is None and not any(dataset.blend_per_split or []) and data_path:
-        return get_blend_from_list(data_path.split() if isinstance(data_path, str) else list(data_path)), None
-    if any(dataset.blend_per_split or []):
-        return None, list(dataset.blend_per_split)
-    return dataset.blend, None
 
 
 def split_parts(data: RunData, split: str | None) -> list[Part]:

@@ -56,11 +56,6 @@ class Plan:
         )
 
 
-def settings(assignments: list[str]) -> dict[str, str]:
-    """The inprocess_restart.FIELD=VALUE arguments, by FIELD; `~inprocess_restart` drops them all."""
-    return section(split(assignments), NAME)
-
-
 def flag(field: str, value: str) -> bool:
     if value.lower() in TRUE:
         return True
@@ -79,7 +74,7 @@ def count(field: str, value: str) -> int | None:
 
 def plan(assignments: list[str], nodes: int, ranks_per_node: int, master_port: int) -> Plan:
     """The plan of a launch of NODES x RANKS_PER_NODE ranks; PlanError for one that cannot work."""
-    given = settings(assignments)
+    given = section(split(assignments), NAME)  # `~inprocess_restart` drops them all
     world_size = nodes * ranks_per_node
     enabled = flag("enabled", given.get("enabled", "false"))
     active = count("active_world_size", given.get("active_world_size", "null")) or world_size

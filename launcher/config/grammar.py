@@ -1,0 +1,56 @@
+"""The launch's NAME=VALUE arguments read in Hydra's override grammar (typed values, lists, null, quoting), each also an
+assignment as the launching host reads it (launcher/assignments.py). Refused at once: a malformed argument, a key given
+twice, and a sweep that no field could take as the text typed; launcher/config/overrides.py applies the rest.
+"""
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, Override
+from hydra.errors import HydraException
+
+from launcher.assignments import NotAssignmentError, assignment
+from launcher.config.errors import UsageError, first_line
+from launcher.config.overrides import edits_keys, sweep_refusal, typed_value
+
+
+def parse(arguments: list[str]) -> list[Override]:
+    """Parse NAME=VALUE arguments with Hydra's override grammar; refuse duplicates and sweeps."""
+    parser = OverridesParser.create()
+    parsed: list[Override] = []
+    for argument in arguments:
+        override = parse_one(parser, argument)
+        if override.is_sweep_override() and not may_be_text(override):
+            raise UsageError(sweep_refusal(override, None))
+        if override.key_or_group in {earlier.key_or_group for earlier in parsed}:
+            raise UsageError(f"{override.key_or_group!r} is given twice: keep one NAME=VALUE per key")
+        parsed.append(override)
+    return parsed
+
+
+def parse_one(parser: OverridesParser, argument: str) -> Override:
+    """The argument as Hydra reads it, once it is also an assignment as the launching host reads it."""
+    try:
+        (override,) = parser.parse_overrides([argument])
+        assignment(argument)  # refuses `~` and `=VALUE`, whose empty NAME Hydra takes
+        return override
+    except (HydraException, NotAssignmentError) as error:
+        reason = first_line(error) if isinstance(error, HydraException) else "NAME is empty"
+        raise UsageError(
+            f"malformed argument {argument!r}: expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000"
+            f" ({reason})"
+        ) from None
+
+
+# What a sweep typed for a string may not hold: quotes, escapes, and the brackets of functions, lists, dicts and
+# interpolations, where the text typed and the string meant could differ.
+NOT_TEXT = set("'\"\\()[]{}$")
+
+
+def may_be_text(override: Override) -> bool:
+    """A plain sweep of choices, a,b,c, that a field taking a string can take as the text typed."""
+    sweep = override.value()
+    return (
+        isinstance(sweep, ChoiceSweep)
+        and sweep.simple_form
+        and not edits_keys(override)
+        and not NOT_TEXT & set(typed_value(override))
+    )
