@@ -1,7 +1,7 @@
 """What the launching host does for a job of N ranks (8 a node), timed on the run folder such a job leaves: no GPU,
 no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, with the writers a real run uses, and
-every host-side step then runs on them as one process, timed from its start to its end, with its peak memory (its
-own and its children's, wait4's):
+every host-side step then runs on them as one process, timed from its start to its end, with its CPU seconds and its
+peak memory (its own and its children's, wait4's):
 
 - health report: launcher/health/report.py with the check's launch (a stand-in moves the ranks' records into place
   and ends); the launch's own seconds are left out;
@@ -17,8 +17,9 @@ own and its children's, wait4's):
 Each fault must still be named right, as the tests assert it: the one rank of N missing from the all-reduce every
 other rank waits in and the one rank that never answered (hang report), the rank that failed first among N that were
 then stopped (first-failure report), the capped node among N/8 (health report; on fewer than 3 nodes a slow GPU).
-A wrong verdict fails the run (exit 1). The table gives seconds and peak memory, and the growth exponent of the
-seconds between sizes, log(t2/t1) / log(N2/N1).
+A wrong verdict fails the run (exit 1). The table gives seconds, CPU seconds and peak memory, and the growth exponent
+of the seconds and of the CPU seconds between sizes, log(t2/t1) / log(N2/N1): the CPU seconds' is the one that other
+work on the machine does not change.
 
 Disk: the tree of 16,384 ranks takes about 8 GB (its flight recorder records most of it; the stopped ranks' logs are
 hard links of one file) and 4,096 ranks about 2 GB; each tree is removed once measured (--keep keeps them). The

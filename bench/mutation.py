@@ -37,7 +37,8 @@ TESTS = {
     "launcher/health/report.py": ["tests/test_health_report.py"],
     "launcher/config/data.py": ["tests/test_data_check.py"],
     "launcher/config/splits.py": ["tests/test_splits.py"],
-    "launcher/config/checks.py": [
+    "launcher/config/checks.py": ["tests/test_checks.py"],
+    "launcher/config/validation.py": [
         "tests/test_checks.py",
         "tests/test_entrypoint.py::test_cuda_graphs_without_the_te_rng_tracker_are_refused_before_any_rank_builds_a_model",
         "tests/test_entrypoint.py::test_bad_override_is_refused_with_the_fix",

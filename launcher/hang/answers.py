@@ -10,16 +10,15 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from launcher.hang.dumps import process_stat
 from launcher.hang.progress import read_json
+from launcher.run_files import remove_all
 
 ANSWER_WAIT_S = 10.0  # the most a report waits for the ranks' answers
 STACKS_GRACE_S = 3.0  # how long a rank whose stacks came may still take to dump its flight recorder
 TOP_FRAMES = 6
-UNLINKS_AT_ONCE = 32
 FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 THREAD = re.compile(r"^(?:Current thread|Thread) 0x(?P<ident>[0-9a-f]+) \(most recent call first\):$")
 # /proc/PID/stat's state letters (proc(5)), as the first line says them for a rank that did not answer.
@@ -104,11 +103,7 @@ def stacks_size(hang: Path, rank: int) -> int:
 
 
 def forget_earlier_answers(hang: Path) -> None:
-    """An earlier report's answers and records go, many at a time: an unlink waits for the file system (1-3 ms each
-    on a local ext4, more on a shared one), and a job of 4,096 ranks has 8,192 of them."""
-    earlier = [*hang.glob("answer-rank-*.json"), *(hang / "fr").glob("rank-*")]
-    with ThreadPoolExecutor(UNLINKS_AT_ONCE) as unlinks:
-        list(unlinks.map(lambda path: path.unlink(missing_ok=True), earlier))
+    remove_all([*hang.glob("answer-rank-*.json"), *(hang / "fr").glob("rank-*")])
 
 
 def signal_step(step: str) -> str | None:

@@ -29,6 +29,7 @@ from launcher.hang.collectives import Collective, collectives, ranges, torch_ana
 from launcher.hang.judge import Pace, Stop, in_teardown, judge, last_steps, pace, read_watch, start_hang
 from launcher.hang.progress import read_json
 from launcher.health.records import exit_statuses
+from launcher.run_files import many_records
 
 
 def summary(
@@ -291,14 +292,15 @@ def collect(
     before = {rank: answers.stacks_size(hang, rank) for rank in range(world_size)}
     asked = answers.ask(hang, step, set(ended), before)
     host_of = [host for host in nodes.split(",") for _ in range(ranks_per_node)]
-    ranks = answers.gather(run_dir, world_size, host_of, before, ended)
-    in_flight = collectives(ranks, world_size)
-    seen = pace(ranks, read_json(hang / "progress.json"), asked)
-    stop, found = judge(ranks, in_flight, seen, read_watch(hang, asked), stalled)
-    path = run_dir / "hang-report.txt"
-    path.write_text(report_text(ranks, in_flight, why, run_dir, seen=seen, stop=stop, found=found))
-    for line in summary(ranks, found, why, path, stop):
-        print(line, file=sys.stderr)
+    with many_records():
+        ranks = answers.gather(run_dir, world_size, host_of, before, ended)
+        in_flight = collectives(ranks, world_size)
+        seen = pace(ranks, read_json(hang / "progress.json"), asked)
+        stop, found = judge(ranks, in_flight, seen, read_watch(hang, asked), stalled)
+        path = run_dir / "hang-report.txt"
+        path.write_text(report_text(ranks, in_flight, why, run_dir, seen=seen, stop=stop, found=found))
+        for line in summary(ranks, found, why, path, stop):
+            print(line, file=sys.stderr)
     return 0
 
 

@@ -25,6 +25,7 @@ if not __package__:  # run as a script: the repository, two folders up, holds th
 from launcher.health.judge import judge
 from launcher.health.records import Layout, Run, deadline, read_records
 from launcher.health.table import console, write_results
+from launcher.run_files import many_records, remove_all
 
 POLL_S = 0.5
 STOP_GRACE_S = 60.0
@@ -110,17 +111,19 @@ def run(run_dir: Path, timeout_s: float, nodes: list[str], ranks_per_node: int, 
     ignored while it stops the launch and judges; the caller's handlers are back when it returns."""
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     health = run_dir / "health"
+    remove_all(path for path in health.glob("*") if path.is_file())  # an earlier check's records, many at a time
     shutil.rmtree(health, ignore_errors=True)
     health.mkdir(parents=True)
     layout, timeout = Layout(nodes, ranks_per_node), float(timeout_s)
     started = time.monotonic()
     try:
-        outcome, late, known = launch(launch_command, health, layout.world, timeout)
-        seconds = time.monotonic() - started
-        result = Run(run_dir, layout, read_records(health, layout.world, known), outcome, late, timeout, seconds)
-        verdicts, job = judge(result)
-        print("\n".join(console(result, verdicts, job)), flush=True)  # stdout, as a launch's is the ranks' output
-        return 0 if write_results(result, verdicts, job) else 1
+        with many_records():
+            outcome, late, known = launch(launch_command, health, layout.world, timeout)
+            seconds = time.monotonic() - started
+            result = Run(run_dir, layout, read_records(health, layout.world, known), outcome, late, timeout, seconds)
+            verdicts, job = judge(result)
+            print("\n".join(console(result, verdicts, job)), flush=True)  # stdout, as a launch's is the ranks' output
+            return 0 if write_results(result, verdicts, job) else 1
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
