@@ -8,6 +8,7 @@ host/supervisor.py, and every rank runs rank/rank.sh, then entrypoint.py.
     health/    the health check, a tool of its own: the ranks' program and the host's verdict
     restart/   in-process restart and straggler detection
     assignments.py  the NAME=VALUE arguments, split and checked alike on both sides
+    errors.py       the rank's refusal of bad input: one line, exit status 2
     run_files.py    the run folder's shared files, by name
     shell_quote.py  bash's printf %q, for messages and printed commands, without a bash
 """

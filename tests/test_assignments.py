@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from launcher.assignments import Assignment, NotAssignmentError, assignment, section, split
 from launcher.config import grammar
-from launcher.config.errors import UsageError, first_line
+from launcher.errors import UsageError, first_line
 from launcher.host import preflight
 from launcher.host.plan import LaunchPlan
 

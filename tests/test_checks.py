@@ -11,8 +11,8 @@ import torch
 
 import entrypoint
 from launcher.config import checks, validation
-from launcher.config.errors import UsageError
 from launcher.config.outputs import config_yaml
+from launcher.errors import UsageError
 from tests.conftest import REPO
 
 TINY = REPO / "recipes" / "tiny_gpt_pretrain.py"

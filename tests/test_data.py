@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 import entrypoint
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 from tests import hf_models
 from tests.conftest import RECIPES, REPO, Corpus, Prepared, error_lines
 

@@ -15,7 +15,7 @@ from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 from launcher.config import data
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 from tests.conftest import REPO
 from tests.test_data import wide_tokenizer
 

@@ -24,7 +24,7 @@ from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
 import entrypoint
 from launcher.config import data
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 from tests import hf_models
 from tests.conftest import REPO, Corpus, Prepared, error_lines
 from tests.test_data import write_dataset

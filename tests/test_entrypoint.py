@@ -14,8 +14,8 @@ import yaml
 from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
 
 import entrypoint
-from launcher.config.errors import UsageError
 from launcher.config.run_env import set_cuda_device_max_connections
+from launcher.errors import UsageError
 from tests.conftest import REPO, error_lines
 
 TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")

@@ -26,7 +26,7 @@ from nvidia_resiliency_ext.inprocess.utils import log_exc
 from nvidia_resiliency_ext.inprocess.wrap import HealthCheckPassed
 
 import entrypoint
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 from launcher.hang import progress
 from launcher.restart import inprocess, plan
 from launcher.restart import log as restart_log

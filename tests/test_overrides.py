@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
 
 from launcher.config import grammar, overrides
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
 import entrypoint
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 from recipes import mla_query_projection, shared
 from tests import hf_models
 from tests.conftest import RECIPES, REPO

@@ -16,7 +16,7 @@ from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatr
 from megatron.core.datasets.utils import Split
 
 from launcher.config import data, splits
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 
 
 def dataset_config(**fields) -> GPTDatasetConfig:

@@ -6,7 +6,7 @@ to a later failure (launcher/config/validation.py), in-process restart's (launch
 from megatron.bridge.training.config import ConfigContainer
 
 from launcher.config import data, validation
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 from launcher.restart import inprocess
 from viztracer_plugin import active_profilers
 

@@ -18,8 +18,8 @@ from megatron.core.datasets.object_storage_utils import is_object_storage_path
 from megatron.core.datasets.utils import get_blend_from_list
 
 from launcher.config import splits
-from launcher.config.errors import UsageError, first_line
 from launcher.config.splits import Blend, Blends
+from launcher.errors import UsageError, first_line
 
 SAMPLED_SEQUENCES = 16  # first, last and evenly in between
 SAMPLED_TOKENS = 4096  # from the start of each sampled sequence

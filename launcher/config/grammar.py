@@ -8,8 +8,8 @@ from hydra.core.override_parser.types import ChoiceSweep, Override
 from hydra.errors import HydraException
 
 from launcher.assignments import NotAssignmentError, assignment
-from launcher.config.errors import UsageError, first_line
 from launcher.config.overrides import edits_keys, sweep_refusal, typed_value
+from launcher.errors import UsageError, first_line
 
 
 def parse(arguments: list[str]) -> list[Override]:

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 import viztracer_plugin
-from launcher.config.errors import UsageError, first_line
+from launcher.errors import UsageError, first_line
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
 RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)

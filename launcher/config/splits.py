@@ -23,7 +23,7 @@ from megatron.core.datasets.blended_megatron_dataset_config import (
 )
 from megatron.core.datasets.utils import Split, normalize
 
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 
 # Splits to offer when the run's does not fit its data, most training data first; the last trains on every document.
 OFFERED_SPLITS = ("90,5,5", "80,10,10", "50,25,25", "100,0,0")

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 import torch
 from megatron.bridge.training.config import ConfigContainer, runtime_config_update
 
-from launcher.config.errors import UsageError, first_line
 from launcher.config.run_env import set_cuda_device_max_connections
+from launcher.errors import UsageError, first_line
 
 # What Megatron Bridge's validation raises for a config it refuses (its checks are asserts and ValueErrors).
 REFUSALS = (AssertionError, ValueError, TypeError, KeyError, NotImplementedError)

@@ -13,7 +13,7 @@ from pathlib import Path
 from megatron.bridge.training.config import ConfigContainer
 
 from launcher.config.checks import profiled_ranks
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 
 PROFILE_ARGS = (
     "profile -t cuda,nvtx -s none --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from megatron.bridge.training.config import ConfigContainer, InProcessRestartConfig
 
-from launcher.config.errors import UsageError
+from launcher.errors import UsageError
 from launcher.restart.plan import PlanError, plan
 
 
