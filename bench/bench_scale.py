@@ -383,18 +383,11 @@ def markdown(result: dict) -> str:
         report.row(["tree: build, disk", *(f"{s['build_s']:.0f} s, {s['disk_mb']:,} MB" for s in sizes), None])
     )
     pairs = list(itertools.pairwise(sizes))
-    if pairs:
-        lines += ["", "Growth exponent of the seconds, log(t2/t1) / log(N2/N1):", ""]
+    growths = (("seconds", "growth"), ("CPU seconds (other work on the machine does not inflate them)", "cpu_growth"))
+    for figure, key in growths if pairs else ():
+        lines += ["", f"Growth exponent of the {figure}, log(t2/t1) / log(N2/N1):", ""]
         lines += report.table(("step", *(f"{a['ranks']:,} to {b['ranks']:,}" for a, b in pairs)))
-        lines += [report.row([name, *by_pair.values()]) for name, by_pair in result["growth"].items()]
-        lines += [
-            "",
-            "The same of the CPU seconds (user and system, the step's and its children's), which other work on",
-            "the machine does not inflate:",
-            "",
-        ]
-        lines += report.table(("step", *(f"{a['ranks']:,} to {b['ranks']:,}" for a, b in pairs)))
-        lines += [report.row([name, *by_pair.values()]) for name, by_pair in result["cpu_growth"].items()]
+        lines += [report.row([name, *by_pair.values()]) for name, by_pair in result[key].items()]
     wrong = [
         f"{s['ranks']} ranks, {n}: {step['wrong']}" for s in sizes for n, step in s["steps"].items() if step["wrong"]
     ]
@@ -421,13 +414,8 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, help="where the trees are built (default: the system's temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep each tree")
     parser.add_argument("--seed", type=int, default=47, help="where the faults are (default: 47)")
-    parser.add_argument(
-        "--answer-wait-s",
-        type=float,
-        default=10.0,
-        help="how long the hang report waits for the"
-        " rank that never answers (default: its own, 10 s; left out of its seconds either way)",
-    )
+    parser.add_argument("--answer-wait-s", type=float, default=10.0, help="how long the hang report waits for the"
+                        " rank that never answers (default: its own, 10 s; never in its seconds)")  # fmt: skip
     parser.add_argument("--memory-limit-gb", type=float, default=8.0, help="address space of a step (default: 8)")
     parser.add_argument("--step-timeout", type=float, default=600.0, help="seconds a step may take (default: 600)")
     args = parser.parse_args(argv)
