@@ -17,6 +17,7 @@ import dataclasses
 import gc
 import glob
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,6 +62,15 @@ def remove_all(paths: Iterable[Path]) -> None:
     job of 4,096 ranks leaves thousands of files a kind."""
     with ThreadPoolExecutor(UNLINKS_AT_ONCE) as unlinks:
         list(unlinks.map(lambda path: path.unlink(missing_ok=True), paths))
+
+
+def remove_tree(path: str | Path) -> None:
+    """PATH and everything in it, its files many at a time (remove_all); what cannot be removed is left, as
+    shutil.rmtree(ignore_errors=True) leaves it."""
+    files = [Path(folder, name) for folder, _, names in os.walk(path) for name in names]
+    with contextlib.suppress(OSError):  # the others are removed all the same: every unlink was started
+        remove_all(files)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_rank_statuses(run_dir: str) -> None:

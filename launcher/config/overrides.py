@@ -162,9 +162,8 @@ def choose_preset(cfg: ConfigContainer, overrides: list[Override]) -> tuple[list
         try:
             cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)
         except ValueError:
-            names = sorted(
-                n for n in MIXED_PRECISION_RECIPES if "-" not in n
-            )  # each preset is also registered with '-'
+            # Each preset is also registered with '-' in its name.
+            names = sorted(n for n in MIXED_PRECISION_RECIPES if "-" not in n)
             close = difflib.get_close_matches(cfg.mixed_precision, names, n=1, cutoff=0.8)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UsageError(

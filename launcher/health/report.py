@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ if not __package__:  # run as a script: the repository, two folders up, holds th
 from launcher.health.judge import judge
 from launcher.health.records import Layout, Run, deadline, read_records
 from launcher.health.table import console, write_results
-from launcher.run_files import many_records, remove_all
+from launcher.run_files import many_records, remove_tree
 
 POLL_S = 0.5
 STOP_GRACE_S = 60.0
@@ -111,8 +110,7 @@ def run(run_dir: Path, timeout_s: float, nodes: list[str], ranks_per_node: int, 
     ignored while it stops the launch and judges; the caller's handlers are back when it returns."""
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     health = run_dir / "health"
-    remove_all(path for path in health.glob("*") if path.is_file())  # an earlier check's records, many at a time
-    shutil.rmtree(health, ignore_errors=True)
+    remove_tree(health)  # an earlier check's records
     health.mkdir(parents=True)
     layout, timeout = Layout(nodes, ranks_per_node), float(timeout_s)
     started = time.monotonic()

@@ -12,7 +12,6 @@ line on stderr, exit 2, before anything starts.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -124,7 +123,7 @@ class Supervisor:
     def launch_watched(self, launch: list[str]) -> int:
         """The launch, watched for a hang; its status."""
         # An earlier launch's records: the ranks register afresh.
-        shutil.rmtree(run_files.at(self.plan.run_dir, run_files.HANG), ignore_errors=True)
+        run_files.remove_tree(run_files.at(self.plan.run_dir, run_files.HANG))
         stalled, stop_watch = threading.Event(), threading.Event()
         if self.plan.hang_timeout_s != "off":
             fixed = float(self.plan.hang_timeout_s) if self.plan.hang_timeout_s else None
