@@ -73,7 +73,8 @@ def missing_stack(error: ImportError) -> UsageError:
 # stack, whose imports were most of the 28 s a first save took on the H200 (bench/results/gpu-suite.md).
 if __name__ != "__mp_main__":
     if os.environ.get("SRUN_SH_IMPORT_ALL") != "1":
-        deferred_inits.install()  # the packages' own training path, not every model bridge (docs/launch.md)
+        # the packages' own training path, and of the model bridges only hf_path's (docs/launch.md)
+        deferred_inits.install(bridges_wait=True)
     try:
         with chatter_held_back(QUIET):
             from megatron.bridge.training.callbacks import CallbackManager

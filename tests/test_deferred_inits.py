@@ -7,7 +7,6 @@ torch.compile in a rank."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 # (transformers, tokenizers, pytest) would cost each of them seconds, with modules no rank imports.
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+LLAMA = str(REPO / "recipes" / "llama3_8b_pretrain.py")  # hf_path by default: recipes/hf_configs/llama3_8b
 # What a GPT pretrain from a recipe never calls (bench/results/startup.md, "What a recipe needs"): the model bridges
 # and Hugging Face conversion, the diffusion models and their packages, PEFT, ModelOpt's export and search modes.
 UNNEEDED = (
@@ -32,31 +32,59 @@ UNNEEDED = (
     "modelopt.torch.sparsity",
     "modelopt.torch.nas",
 )
-IMPORTED = re.compile(r"import time:\s+\d+ \|\s+\d+ \| *(\S+)")
 
 
-def imported_modules(run_entrypoint, import_all: str) -> set[str]:
-    result = run_entrypoint(TINY, "--check", env={"SRUN_SH_IMPORT_ALL": import_all, "PYTHONPROFILEIMPORTTIME": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return {match[1] for match in map(IMPORTED.match, result.stderr.splitlines()) if match}
+# `entrypoint.py RECIPE --check`, then the names in sys.modules as it exits: -X importtime misses a module imported
+# through importlib.import_module, as the deferred packages' names are.
+CHECK = """
+import atexit, runpy, sys
+atexit.register(lambda: print("MODULES", *sorted(sys.modules), file=sys.__stderr__))
+sys.argv = ["entrypoint.py", sys.argv[1], "--check"]
+runpy.run_path("entrypoint.py", run_name="__main__")
+"""
+
+
+def imported_modules(import_all: str, recipe: str = TINY) -> set[str]:
+    env = {**os.environ, "SRUN_SH_IMPORT_ALL": import_all}
+    command = [sys.executable, "-c", CHECK, recipe]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = (line for line in done.stderr.splitlines() if line.startswith("MODULES "))
+    return set(line.split()[1:])
 
 
 def unneeded(modules: set[str]) -> list[str]:
     return sorted(p for p in UNNEEDED if any(m == p or m.startswith(p + ".") for m in modules))
 
 
-def test_a_recipe_without_hf_path_imports_none_of_the_unneeded_modules(run_entrypoint):
-    assert unneeded(imported_modules(run_entrypoint, "0")) == []
+def test_a_recipe_without_hf_path_imports_none_of_the_unneeded_modules():
+    assert unneeded(imported_modules("0")) == []
 
 
-def test_import_all_imports_them_as_a_plain_import_does(run_entrypoint):
-    assert unneeded(imported_modules(run_entrypoint, "1")) == sorted(UNNEEDED)
+def test_import_all_imports_them_as_a_plain_import_does():
+    assert unneeded(imported_modules("1")) == sorted(UNNEEDED)
+
+
+def test_a_recipe_with_hf_path_imports_the_model_bridge_of_its_architecture_alone():
+    modules = imported_modules("0", LLAMA)
+    assert "megatron.bridge.models.llama.llama_bridge" in modules
+    conversion, llama = "megatron.bridge.models.conversion.auto_bridge", "megatron.bridge.models.llama"
+    assert unneeded(modules) == [conversion, llama, "megatron.bridge.recipes.llama"]
 
 
 def test_the_config_is_the_same_with_the_inits_deferred_or_whole(run_entrypoint):
+    assert_same_config(run_entrypoint, TINY)
+
+
+def test_the_config_of_a_recipe_with_hf_path_is_the_same_with_the_inits_deferred_or_whole(run_entrypoint):
+    assert_same_config(run_entrypoint, LLAMA)
+
+
+def assert_same_config(run_entrypoint, recipe: str) -> None:
     configs = {}
     for import_all in ("0", "1"):
-        result = run_entrypoint(TINY, "train.train_iters=20", "--print-config", env={"SRUN_SH_IMPORT_ALL": import_all})
+        env = {"SRUN_SH_IMPORT_ALL": import_all}
+        result = run_entrypoint(recipe, "train.train_iters=20", "--print-config", env=env)
         assert result.returncode == 0, result.stderr[-3000:]
         configs[import_all] = result.stdout
     assert configs["0"] == configs["1"]

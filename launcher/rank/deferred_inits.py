@@ -6,7 +6,10 @@ submodule alone. A name asked of such a package is what its `__init__` would bin
 statements (launcher/rank/init_names.py): a name the `__init__` takes from one module, a module it imports or one of
 its submodules is imported alone; a name it binds any other way runs the whole `__init__` there and then; a name it
 cannot bind is one of its submodules or an AttributeError, as after a plain import. Importing a module in
-NEEDS_EVERY_INIT first runs every deferred `__init__`, as a plain import would have. Nothing installed is changed.
+NEEDS_EVERY_INIT first runs every deferred `__init__`, as a plain import would have; after `install(bridges_wait=True)`
+those inits wait instead until `register_bridges(hf_path)` (before the recipe's configure() runs) imports the model
+bridge that hf_path's architecture needs, or runs them all where launcher/rank/model_bridges.py cannot name it.
+Nothing installed is changed.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import sys
 import types
 from collections.abc import Sequence
 
-from launcher.rank import init_names
+from launcher.rank import init_names, model_bridges
 
 # Whose __init__ imports much more than the packages' own training path uses: Megatron Bridge's imports every model
 # bridge (and with them transformers, diffusers, scipy) to register them; ModelOpt's imports every optimisation mode
@@ -71,11 +74,12 @@ class DeferringFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self) -> None:
         self.loaders: dict[str, importlib.abc.Loader] = {}
         self.deferring = True
+        self.bridges_wait = False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname in NEEDS_EVERY_INIT and self.deferring:
+        if fullname in NEEDS_EVERY_INIT and self.deferring and not self.bridges_wait:
             self.deferring = False
             run_inits_above(fullname)
             run_every_init()
@@ -101,9 +105,25 @@ class DeferringFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 FINDER = DeferringFinder()
 
 
-def install() -> None:
+def install(bridges_wait: bool = False) -> None:
+    FINDER.bridges_wait = bridges_wait
     if FINDER not in sys.meta_path:
         sys.meta_path.insert(0, FINDER)
+
+
+def register_bridges(hf_path: str | None) -> None:
+    """Ends the wait. Where AutoBridge was imported while the inits waited: import the model bridge of HF_PATH's
+    architecture alone if AutoBridge's lookup then finds it as after a plain import, else run every waiting init.
+    Each configure() of a process calls it: a second recipe may read another architecture."""
+    FINDER.bridges_wait = False
+    if not (FINDER.deferring and NEEDS_EVERY_INIT.intersection(sys.modules)):
+        return
+    modules = model_bridges.registering_modules(hf_path)
+    for module in modules or ():
+        importlib.import_module(module)
+    if modules is None or not model_bridges.registered_exactly(hf_path):
+        FINDER.deferring = False
+        run_every_init()
 
 
 def run_init(package: types.ModuleType) -> None:

@@ -1,0 +1,114 @@
+"""Which Megatron Bridge module registers the model bridge of a Hugging Face model folder, read, not run.
+
+`registering_modules(hf_path)` gives the modules to import so that AutoBridge finds the bridge it would find after
+every model bridge was imported, or None where that cannot be known without importing them all: a folder without a
+plain config.json, an `auto_map` (custom model code that Megatron Bridge's modules register with transformers), an
+architecture that Megatron Bridge renames, one that no module or more than one registers, or one registered other
+than by the decorator of a class at a module's top level (the only registration that importing the module makes).
+Once they are imported, `registered_exactly(hf_path)` says whether AutoBridge's lookup of each architecture is the
+registry's exact key (then no other bridge could be chosen, whichever else were imported).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+# The subpackages of megatron.bridge whose model bridges register themselves with this decorator.
+BRIDGE_TREES = ("models", "diffusion")
+# Architectures AutoBridge reads under another name (auto_bridge.HF_ARCHITECTURE_ALIASES, megatron-bridge 0.6.2).
+RENAMED = frozenset({"Qwen2_5OmniModel"})
+
+
+def registering_modules(hf_path: str | None) -> list[str] | None:
+    """The module registering each architecture of HF_PATH's config.json, or None (see the module's docstring)."""
+    architectures = plain_architectures(hf_path)
+    if not architectures:
+        return None
+    modules = [registrations().get(name) for name in architectures]
+    if any(module is None for module in modules):
+        return None
+    return sorted(set(modules))
+
+
+def plain_architectures(hf_path: str | None) -> list[str]:
+    """The architectures a local Hugging Face folder names, where no custom code or renaming comes with them."""
+    config_file = Path(hf_path) / "config.json" if hf_path else None
+    if config_file is None or not config_file.is_file():
+        return []
+    try:
+        config = json.loads(config_file.read_bytes())
+    except (ValueError, OSError):
+        return []
+    if not isinstance(config, dict) or "auto_map" in config:
+        return []
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list):
+        return []
+    if not all(isinstance(name, str) for name in architectures) or RENAMED.intersection(architectures):
+        return []
+    return architectures
+
+
+def registered_exactly(hf_path: str) -> bool:
+    """Whether each architecture, as AutoBridge looks it up (the transformers class of that name, else the name), is a
+    key of the bridge registry: a lookup that other registrations cannot change."""
+    import transformers
+    from megatron.bridge.models.conversion import model_bridge
+
+    registry = model_bridge.get_model_bridge._exact_types
+    return all(getattr(transformers, name, name) in registry for name in plain_architectures(hf_path))
+
+
+@cache
+def registrations() -> dict[str, str | None]:
+    """Architecture -> the module whose top-level class decorator registers it; None where that is not the only
+    registration of the name."""
+    found: dict[str, str | None] = {}
+    for module, source in registering_calls():
+        name, at_top = source
+        found[name] = module if at_top and name not in found else None
+    return found
+
+
+def registering_calls() -> Iterator[tuple[str, tuple[str, bool]]]:
+    """(module, (architecture, registered at load time)) for every `register_bridge(source=...)` in the trees."""
+    package = importlib.util.find_spec("megatron.bridge")  # found, not imported: its __init__ imports every bridge
+    top = Path(package.origin).parent
+    for path in sorted(path for tree in BRIDGE_TREES for path in (top / tree).rglob("*.py")):
+        text = path.read_bytes()
+        if b"register_bridge(" in text:
+            module = ".".join(("megatron.bridge", *path.relative_to(top).with_suffix("").parts))
+            for source in sources(ast.parse(text)):
+                yield module, source
+
+
+def sources(tree: ast.Module) -> Iterator[tuple[str, bool]]:
+    """The architecture each `register_bridge(source=...)` call of a module names, and whether the call decorates a
+    class at the module's top level; a source the call computes names no architecture."""
+    at_top = {
+        id(decorator) for node in tree.body if isinstance(node, ast.ClassDef) for decorator in node.decorator_list
+    }
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and called_name(node.func) == "register_bridge"):
+            continue
+        for keyword in node.keywords:
+            if keyword.arg == "source":
+                yield architecture(keyword.value), id(node) in at_top
+
+
+def called_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def architecture(source: ast.expr) -> str:
+    """The class name a source names: `LlamaForCausalLM`, `transformers.LlamaForCausalLM` or "LlamaForCausalLM"."""
+    if isinstance(source, ast.Constant) and isinstance(source.value, str):
+        return source.value
+    return called_name(source) or ast.dump(source)  # a computed source, matched by no architecture name

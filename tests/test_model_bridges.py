@@ -1,0 +1,140 @@
+"""launcher/rank/model_bridges.py against the installed Megatron Bridge: each architecture it names a module for is,
+after a plain import of every model bridge, an exact key of the bridge registry whose bridge that module defines; a
+config.json of any content names modules only for architectures it can vouch for; and a rank whose hf_path it cannot
+vouch for registers every model bridge, as a plain import does."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from launcher.rank import model_bridges
+
+REPO = Path(__file__).resolve().parent.parent
+LLAMA_CONFIG = REPO / "recipes" / "hf_configs" / "llama3_8b"
+
+WHOLE = r"""
+import json
+import megatron.bridge  # its __init__ imports every model bridge
+import transformers
+from megatron.bridge.models.conversion import model_bridge
+from launcher.rank import model_bridges
+registry = model_bridge.get_model_bridge._exact_types
+exact = {}
+for name, module in model_bridges.registrations().items():
+    key = getattr(transformers, name, name)  # as AutoBridge looks an architecture up
+    if module is not None and key in registry:
+        exact[name] = [module, type(model_bridge.get_model_bridge(key)).__module__]
+print(json.dumps(exact))
+"""
+
+
+def test_each_architecture_named_and_looked_up_exactly_gets_that_modules_bridge_after_a_plain_import():
+    """An architecture whose lookup is no exact key (a name registered as text that transformers has a class for)
+    makes register_bridges() import every bridge: the lookup could then find another one's."""
+    done = subprocess.run(
+        [sys.executable, "-c", WHOLE], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    exact = json.loads(done.stdout.splitlines()[-1])
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"} < set(exact)
+    assert len(exact) > 30  # of the 58 architectures one module registers, in megatron-bridge 0.6.2
+    assert {name: pair for name, pair in exact.items() if pair[0] != pair[1]} == {}
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+NAMES = st.sampled_from(sorted(model_bridges.registrations())) | st.text(max_size=12)
+CONFIGS = (
+    st.fixed_dictionaries({}, optional={"architectures": st.lists(NAMES, max_size=3) | JSON, "auto_map": JSON}) | JSON
+)
+
+
+def vouched_for(config: object) -> list[str] | None:
+    """The modules for CONFIG's architectures where each has one and no custom code comes with them."""
+    if not isinstance(config, dict) or "auto_map" in config:
+        return None
+    names = config.get("architectures")
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
+        return None
+    modules = [model_bridges.registrations().get(name) for name in names]
+    return None if None in modules or "Qwen2_5OmniModel" in names else sorted(set(modules))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=CONFIGS)
+def test_a_config_names_modules_only_for_architectures_with_one_registering_module(tmp_path, config):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert model_bridges.registering_modules(str(tmp_path)) == vouched_for(config)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.binary(max_size=64))
+def test_a_config_file_of_any_bytes_is_refused_or_read(tmp_path, text):
+    (tmp_path / "config.json").write_bytes(text)
+    modules = model_bridges.registering_modules(str(tmp_path))
+    assert modules is None or modules == vouched_for(json.loads(text))
+
+
+def test_no_folder_or_a_missing_config_names_nothing(tmp_path):
+    assert model_bridges.registering_modules(None) is None
+    assert model_bridges.registering_modules(str(tmp_path)) is None
+    assert model_bridges.registering_modules(str(tmp_path / "missing")) is None
+
+
+# A rank's recipe imports AutoBridge while the inits wait, and register_bridges then gets each hf_path in turn, as a
+# configure() would; or ("plain") the recipe's import of AutoBridge as a plain import has it. Says which unneeded
+# modules are imported before the first and after each.
+RANK = r"""
+import json, sys
+from launcher.rank import deferred_inits
+if sys.argv[1] != "plain":
+    deferred_inits.install(bridges_wait=True)
+from megatron.bridge import AutoBridge
+from tests.test_deferred_inits import unneeded
+imported = [unneeded(set(sys.modules))]
+for hf_path in sys.argv[1:]:
+    if hf_path != "plain":
+        deferred_inits.register_bridges(hf_path)
+    imported.append(unneeded(set(sys.modules)))
+print(json.dumps(imported))
+"""
+
+
+def registered(*hf_paths: str) -> list[list[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", RANK, *hf_paths], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def plain(once) -> list[str]:
+    """The unneeded modules that a plain import of AutoBridge imports, found once a session."""
+    return once("autobridge-plain-import", lambda: registered("plain"))[-1]
+
+
+def test_an_architecture_no_module_alone_registers_or_not_looked_up_exactly_gets_every_model_bridge(tmp_path, once):
+    # Megatron Bridge registers Mistral 3 from inside an `if` of its module, and DeepSeek V2 by its name, which
+    # transformers has a class for. Both folders in one process: the first registers every bridge already.
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Mistral3ForConditionalGeneration"]}))
+    before, after = registered(str(tmp_path))
+    assert before == ["megatron.bridge.models.conversion.auto_bridge"]
+    assert after == plain(once)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV2ForCausalLM"]}))
+    assert model_bridges.registering_modules(str(tmp_path)) == ["megatron.bridge.models.deepseek.deepseek_v2_bridge"]
+    assert registered(str(tmp_path)) == [before, plain(once)]
+
+
+def test_an_architecture_one_module_registers_gets_that_bridge_alone_and_a_second_configure_another(tmp_path, once):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Mistral3ForConditionalGeneration"]}))
+    before, llama, both = registered(str(LLAMA_CONFIG), str(tmp_path))
+    assert before == ["megatron.bridge.models.conversion.auto_bridge"]
+    assert llama == ["megatron.bridge.models.conversion.auto_bridge", "megatron.bridge.models.llama"]
+    assert both == plain(once)
