@@ -29,7 +29,8 @@ def registering_modules(hf_path: str | None) -> list[str] | None:
     architectures = plain_architectures(hf_path)
     if not architectures:
         return None
-    modules = [registrations().get(name) for name in architectures]
+    found = registrations(frozenset(architectures))
+    modules = [found.get(name) for name in architectures]
     if any(module is None for module in modules):
         return None
     return sorted(set(modules))
@@ -65,23 +66,24 @@ def registered_exactly(hf_path: str) -> bool:
 
 
 @cache
-def registrations() -> dict[str, str | None]:
-    """Architecture -> the module whose top-level class decorator registers it; None where that is not the only
-    registration of the name."""
+def registrations(names: frozenset[str] | None = None) -> dict[str, str | None]:
+    """Architecture (of NAMES, or any) -> the module whose top-level class decorator registers it; None where that is
+    not the only registration of the name."""
     found: dict[str, str | None] = {}
-    for module, source in registering_calls():
+    for module, source in registering_calls(names):
         name, at_top = source
         found[name] = module if at_top and name not in found else None
-    return found
+    return {name: module for name, module in found.items() if names is None or name in names}
 
 
-def registering_calls() -> Iterator[tuple[str, tuple[str, bool]]]:
-    """(module, (architecture, registered at load time)) for every `register_bridge(source=...)` in the trees."""
+def registering_calls(names: frozenset[str] | None) -> Iterator[tuple[str, tuple[str, bool]]]:
+    """(module, (architecture, registered at load time)) for every `register_bridge(source=...)` in the trees, of the
+    files that spell one of NAMES where they are given (the others cannot register those)."""
     package = importlib.util.find_spec("megatron.bridge")  # found, not imported: its __init__ imports every bridge
     top = Path(package.origin).parent
     for path in sorted(path for tree in BRIDGE_TREES for path in (top / tree).rglob("*.py")):
         text = path.read_bytes()
-        if b"register_bridge(" in text:
+        if b"register_bridge(" in text and (names is None or any(name.encode() in text for name in names)):
             module = ".".join(("megatron.bridge", *path.relative_to(top).with_suffix("").parts))
             for source in sources(ast.parse(text)):
                 yield module, source
