@@ -1,9 +1,11 @@
 """launcher/rank/model_bridges.py against the installed Megatron Bridge: each architecture it names a module for is,
 after a plain import of every model bridge, an exact key of the bridge registry whose bridge that module defines; a
-config.json of any content names modules only for architectures it can vouch for; and a rank whose hf_path it cannot
-vouch for registers every model bridge, as a plain import does."""
+config.json of any content names modules only for architectures it can vouch for; a rank whose hf_path it cannot
+vouch for registers every model bridge, as a plain import does; and one with the Llama bridge alone loads hf_path's
+weights as a plain import does."""
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.rank import model_bridges
+from tests import hf_models
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA_CONFIG = REPO / "recipes" / "hf_configs" / "llama3_8b"
@@ -138,3 +141,58 @@ def test_an_architecture_one_module_registers_gets_that_bridge_alone_and_a_secon
     assert before == ["megatron.bridge.models.conversion.auto_bridge"]
     assert llama == ["megatron.bridge.models.conversion.auto_bridge", "megatron.bridge.models.llama"]
     assert both == plain(once)
+
+
+# A rank's model built on the CPU from the Llama recipe with hf_path holding weights: the pre-wrap hook the recipe
+# registers loads them. With the inits waiting ("deferred": the Llama bridge alone) or a plain import ("plain").
+# Prints a digest of each tensor of the built model and of the Hugging Face embedding.
+LOAD = r"""
+import hashlib, json, os, sys
+mode, hf_path, port = sys.argv[1:]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+from launcher.rank import deferred_inits
+if mode == "deferred":
+    deferred_inits.install(bridges_wait=True)
+import torch
+from megatron.bridge.recipes.llama.llama3 import llama3_8b_pretrain_config
+from megatron.core import parallel_state
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from safetensors.torch import load_file
+from recipes import shared
+torch.distributed.init_process_group("gloo")
+parallel_state.initialize_model_parallel()
+deferred_inits.register_bridges(hf_path)  # as overrides.build_config does before configure()
+model = shared.from_hf(llama3_8b_pretrain_config, "meta-llama/Meta-Llama-3-8B", hf_path).model
+# Megatron's own CPU layers (Transformer Engine needs CUDA), in float32, none of the CUDA-only fusions
+model.transformer_impl, model.transformer_layer_spec = "local", get_gpt_layer_local_spec()
+model.bf16, model.params_dtype, model.gradient_accumulation_fusion = False, torch.float32, False
+model.tensor_model_parallel_size = model.pipeline_model_parallel_size = model.context_parallel_size = 1
+model.sequence_parallel = False
+for fusion in ("persist_layer_norm", "bias_dropout_fusion", "apply_rope_fusion", "masked_softmax_fusion",
+               "bias_activation_fusion", "cross_entropy_loss_fusion"):
+    setattr(model, fusion, False)
+model.finalize()
+(built,) = model.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+digest = lambda tensor: hashlib.sha256(tensor.float().contiguous().numpy().tobytes()).hexdigest()
+tensors = {name: digest(value) for name, value in built.state_dict().items() if isinstance(value, torch.Tensor)}
+hf_embedding = digest(load_file(os.path.join(hf_path, "model.safetensors"))["model.embed_tokens.weight"])
+print(json.dumps({"tensors": tensors, "hf_embedding": hf_embedding}))
+"""
+
+
+def loaded(mode: str, hf_path: Path) -> dict:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    command = [sys.executable, "-c", LOAD, mode, str(hf_path), port]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_rank_with_the_llama_bridge_alone_loads_the_weights_a_plain_import_loads(tmp_path):
+    hf_path = hf_models.write("llama", tmp_path / "llama", weights="random")
+    deferred, plain = loaded("deferred", hf_path), loaded("plain", hf_path)
+    assert deferred["tensors"]["embedding.word_embeddings.weight"] == deferred["hf_embedding"]
+    assert len(deferred["tensors"]) > 10
+    assert deferred == plain
