@@ -30,7 +30,7 @@ from typing import NoReturn, TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
 from launcher.errors import UsageError, report
-from launcher.rank import deferred_inits
+from launcher.imports import deferred_inits
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
 # a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the

@@ -1,4 +1,4 @@
-"""launcher/rank/deferred_inits.py on the installed Megatron Bridge and ModelOpt: `entrypoint.py --check` of a recipe
+"""launcher/imports/deferred_inits.py on the installed Megatron Bridge and ModelOpt: `entrypoint.py --check` of a recipe
 without hf_path imports none of the modules bench/results/startup.md marks unneeded (and SRUNSH_IMPORT_ALL=1 imports
 them, as a plain import does), resolves the same config either way, and every public name of a deferred package,
 as the package's own `__init__` makes it, and every name of torch, os, typing and pickle is the same object when it is
@@ -98,7 +98,7 @@ def assert_same_config(run_entrypoint, recipe: str) -> None:
 PROBE = r"""
 import importlib, json, os, pathlib, pickle, re, sys, typing
 import torch
-from launcher.rank import deferred_inits, init_names
+from launcher.imports import deferred_inits, init_names
 from tests.test_deferred_inits import unneeded
 deferred = sys.argv[1] == "deferred"
 if deferred:

@@ -1,4 +1,4 @@
-"""launcher/rank/model_bridges.py against the installed Megatron Bridge: each architecture it names a module for is,
+"""launcher/imports/model_bridges.py against the installed Megatron Bridge: each architecture it names a module for is,
 after a plain import of every model bridge, an exact key of the bridge registry whose bridge that module defines; a
 config.json of any content names modules only for architectures it can vouch for; a rank whose hf_path it cannot
 vouch for registers every model bridge, as a plain import does; and one with the Llama bridge alone loads hf_path's
@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.rank import model_bridges
+from launcher.imports import model_bridges
 from tests import hf_models
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ import json
 import megatron.bridge  # its __init__ imports every model bridge
 import transformers
 from megatron.bridge.models.conversion import model_bridge
-from launcher.rank import model_bridges
+from launcher.imports import model_bridges
 registry = model_bridge.get_model_bridge._exact_types
 exact = {}
 for name, module in model_bridges.registrations().items():
@@ -96,7 +96,7 @@ def test_no_folder_or_a_missing_config_names_nothing(tmp_path):
 # modules are imported before the first and after each.
 RANK = r"""
 import json, sys
-from launcher.rank import deferred_inits
+from launcher.imports import deferred_inits
 if sys.argv[1] != "plain":
     deferred_inits.install(bridges_wait=True)
 from megatron.bridge import AutoBridge
@@ -150,7 +150,7 @@ LOAD = r"""
 import hashlib, json, os, sys
 mode, hf_path, port = sys.argv[1:]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-from launcher.rank import deferred_inits
+from launcher.imports import deferred_inits
 if mode == "deferred":
     deferred_inits.install(bridges_wait=True)
 import torch

@@ -33,7 +33,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 import viztracer_plugin
 from launcher.errors import UsageError, first_line
-from launcher.rank import deferred_inits
+from launcher.imports import deferred_inits
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
 RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)

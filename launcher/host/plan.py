@@ -46,7 +46,7 @@ class LaunchPlan:
     master_addr: str = ""
     master_port: str = ""
     inprocess: bool = False
-    import_all: bool = False  # the ranks run their packages' inits whole (launcher/rank/deferred_inits.py)
+    import_all: bool = False  # the ranks run their packages' inits whole (launcher/imports/deferred_inits.py)
 
     @property
     def world_size(self) -> int:

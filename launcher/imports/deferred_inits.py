@@ -3,12 +3,12 @@
 `install()` (before the training stack's first import) puts a finder first on `sys.meta_path`. A package named in
 DEFERRED is then created without running its `__init__.py`, so that importing one of its submodules loads that
 submodule alone. A name asked of such a package is what its `__init__` would bind, read from the `__init__`'s
-statements (launcher/rank/init_names.py): a name the `__init__` takes from one module, a module it imports or one of
+statements (launcher/imports/init_names.py): a name the `__init__` takes from one module, a module it imports or one of
 its submodules is imported alone; a name it binds any other way runs the whole `__init__` there and then; a name it
 cannot bind is one of its submodules or an AttributeError, as after a plain import. Importing a module in
 NEEDS_EVERY_INIT first runs every deferred `__init__`, as a plain import would have; after `install(bridges_wait=True)`
 those inits wait instead until `register_bridges(hf_path)` (before the recipe's configure() runs) imports the model
-bridge that hf_path's architecture needs, or runs them all where launcher/rank/model_bridges.py cannot name it.
+bridge that hf_path's architecture needs, or runs them all where launcher/imports/model_bridges.py cannot name it.
 Nothing installed is changed.
 """
 
@@ -22,7 +22,7 @@ import sys
 import types
 from collections.abc import Sequence
 
-from launcher.rank import init_names, model_bridges
+from launcher.imports import init_names, model_bridges
 
 # Whose __init__ imports much more than the packages' own training path uses: Megatron Bridge's imports every model
 # bridge (and with them transformers, diffusers, scipy) to register them; ModelOpt's imports every optimisation mode
