@@ -80,11 +80,17 @@ def test_the_config_of_a_recipe_with_hf_path_is_the_same_with_the_inits_deferred
     assert_same_config(run_entrypoint, LLAMA)
 
 
-def assert_same_config(run_entrypoint, recipe: str) -> None:
+def test_the_config_of_a_deepseek_recipe_is_the_same_with_the_inits_deferred_or_whole(run_entrypoint, hf_dir):
+    # DeepSeek V2's bridge registers the architecture by name; AutoBridge looks it up by transformers' class
+    recipe = str(REPO / "recipes" / "deepseek_v2_lite_pretrain.py")
+    assert_same_config(run_entrypoint, recipe, f"hf_path={hf_dir('deepseek_v2')}")
+
+
+def assert_same_config(run_entrypoint, recipe: str, *arguments: str) -> None:
     configs = {}
     for import_all in ("0", "1"):
         env = {"SRUN_SH_IMPORT_ALL": import_all}
-        result = run_entrypoint(recipe, "train.train_iters=20", "--print-config", env=env)
+        result = run_entrypoint(recipe, *arguments, "train.train_iters=20", "--print-config", env=env)
         assert result.returncode == 0, result.stderr[-3000:]
         configs[import_all] = result.stdout
     assert configs["0"] == configs["1"]

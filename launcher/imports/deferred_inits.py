@@ -121,7 +121,7 @@ def register_bridges(hf_path: str | None) -> None:
     modules = model_bridges.registering_modules(hf_path)
     for module in modules or ():
         importlib.import_module(module)
-    if modules is None or not model_bridges.registered_exactly(hf_path):
+    if modules is None or not model_bridges.found_alike(hf_path):
         FINDER.deferring = False
         run_every_init()
 

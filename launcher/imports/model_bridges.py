@@ -5,8 +5,9 @@ every model bridge was imported, or None where that cannot be known without impo
 plain config.json, an `auto_map` (custom model code that Megatron Bridge's modules register with transformers), an
 architecture that Megatron Bridge renames, one that no module or more than one registers, or one registered other
 than by the decorator of a class at a module's top level (the only registration that importing the module makes).
-Once they are imported, `registered_exactly(hf_path)` says whether AutoBridge's lookup of each architecture is the
-registry's exact key (then no other bridge could be chosen, whichever else were imported).
+Once they are imported, `found_alike(hf_path)` says whether AutoBridge's lookup of each architecture finds the bridge
+that it finds with every bridge registered: the lookup is the registry's own key, or a class that no registered
+name could match but by its own name.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
@@ -55,14 +56,27 @@ def plain_architectures(hf_path: str | None) -> list[str]:
     return architectures
 
 
-def registered_exactly(hf_path: str) -> bool:
-    """Whether each architecture, as AutoBridge looks it up (the transformers class of that name, else the name), is a
-    key of the bridge registry: a lookup that other registrations cannot change."""
+def found_alike(hf_path: str) -> bool:
+    """Whether AutoBridge's lookup of each architecture of HF_PATH finds the bridge it would find with every bridge
+    registered (see looked_up_alike)."""
     import transformers
     from megatron.bridge.models.conversion import model_bridge
 
     registry = model_bridge.get_model_bridge._exact_types
-    return all(getattr(transformers, name, name) in registry for name in plain_architectures(hf_path))
+    names = plain_architectures(hf_path)
+    return all(looked_up_alike(getattr(transformers, name, name), name, registry) for name in names)
+
+
+def looked_up_alike(key: object, name: str, registry: Mapping[object, object]) -> bool:
+    """KEY is how AutoBridge looks NAME up: the transformers class of that name, else the name. Registering more
+    bridges cannot change what the lookup finds where KEY is a key of the registry, or where it is a class whose name
+    is registered and none of whose base classes has a name any bridge registers: the lookup tries the key, then the
+    registered classes KEY derives from, then the registered name equal to KEY's (registrations() holds it once)."""
+    if key in registry:
+        return True
+    if not isinstance(key, type) or name not in registry:
+        return False
+    return {base.__name__ for base in key.__mro__[1:]}.isdisjoint(registrations())
 
 
 @cache
@@ -95,12 +109,20 @@ def sources(tree: ast.Module) -> Iterator[tuple[str, bool]]:
     at_top = {
         id(decorator) for node in tree.body if isinstance(node, ast.ClassDef) for decorator in node.decorator_list
     }
+    texts = {  # NAME = "text" at the top level: a source may name its architecture through such a constant
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and called_name(node.func) == "register_bridge"):
             continue
         for keyword in node.keywords:
             if keyword.arg == "source":
-                yield architecture(keyword.value), id(node) in at_top
+                name = architecture(keyword.value)
+                yield texts.get(name, name), id(node) in at_top
 
 
 def called_name(func: ast.expr) -> str | None:
