@@ -39,14 +39,14 @@ UNNEEDED = (
 CHECK = """
 import atexit, runpy, sys
 atexit.register(lambda: print("MODULES", *sorted(sys.modules), file=sys.__stderr__))
-sys.argv = ["entrypoint.py", sys.argv[1], "--check"]
+sys.argv = ["entrypoint.py", *sys.argv[1:], "--check"]
 runpy.run_path("entrypoint.py", run_name="__main__")
 """
 
 
-def imported_modules(import_all: str, recipe: str = TINY) -> set[str]:
+def imported_modules(import_all: str, recipe: str = TINY, *arguments: str) -> set[str]:
     env = {**os.environ, "SRUN_SH_IMPORT_ALL": import_all}
-    command = [sys.executable, "-c", CHECK, recipe]
+    command = [sys.executable, "-c", CHECK, recipe, *arguments]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = (line for line in done.stderr.splitlines() if line.startswith("MODULES "))
@@ -70,6 +70,14 @@ def test_a_recipe_with_hf_path_imports_the_model_bridge_of_its_architecture_alon
     assert "megatron.bridge.models.llama.llama_bridge" in modules
     conversion, llama = "megatron.bridge.models.conversion.auto_bridge", "megatron.bridge.models.llama"
     assert unneeded(modules) == [conversion, llama, "megatron.bridge.recipes.llama"]
+
+
+def test_a_deepseek_recipe_imports_the_deepseek_bridge_alone(hf_dir):
+    # registered by its name, looked up by transformers' class of that name
+    recipe = str(REPO / "recipes" / "deepseek_v2_lite_pretrain.py")
+    modules = imported_modules("0", recipe, f"hf_path={hf_dir('deepseek_v2')}")
+    assert "megatron.bridge.models.deepseek.deepseek_v2_bridge" in modules
+    assert unneeded(modules) == ["megatron.bridge.models.conversion.auto_bridge", "megatron.bridge.models.deepseek"]
 
 
 def test_the_config_is_the_same_with_the_inits_deferred_or_whole(run_entrypoint):
