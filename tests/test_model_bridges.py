@@ -61,6 +61,11 @@ CONFIGS = (
 )
 
 
+def modules_for(folder: Path) -> list[str] | None:
+    """The modules register_bridges() imports for a model folder, or None where it imports every bridge's."""
+    return model_bridges.registering_modules(model_bridges.plain_architectures(str(folder)))
+
+
 def vouched_for(config: object) -> list[str] | None:
     """The modules for CONFIG's architectures where each has one and no custom code comes with them."""
     if not isinstance(config, dict) or "auto_map" in config:
@@ -76,21 +81,21 @@ def vouched_for(config: object) -> list[str] | None:
 @given(config=CONFIGS)
 def test_a_config_names_modules_only_for_architectures_with_one_registering_module(tmp_path, config):
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert model_bridges.registering_modules(str(tmp_path)) == vouched_for(config)
+    assert modules_for(tmp_path) == vouched_for(config)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.binary(max_size=64))
 def test_a_config_file_of_any_bytes_is_refused_or_read(tmp_path, text):
     (tmp_path / "config.json").write_bytes(text)
-    modules = model_bridges.registering_modules(str(tmp_path))
+    modules = modules_for(tmp_path)
     assert modules is None or modules == vouched_for(json.loads(text))
 
 
 def test_no_folder_or_a_missing_config_names_nothing(tmp_path):
-    assert model_bridges.registering_modules(None) is None
-    assert model_bridges.registering_modules(str(tmp_path)) is None
-    assert model_bridges.registering_modules(str(tmp_path / "missing")) is None
+    assert model_bridges.registering_modules(model_bridges.plain_architectures(None)) is None
+    assert modules_for(tmp_path) is None
+    assert modules_for(tmp_path / "missing") is None
 
 
 # A rank's recipe imports AutoBridge while the inits wait, and register_bridges then gets each hf_path in turn, as a
@@ -134,7 +139,7 @@ def test_an_architecture_no_module_alone_registers_or_not_looked_up_alike_gets_e
     assert before == ["megatron.bridge.models.conversion.auto_bridge"]
     assert after == plain(once)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FluxTransformer2DModel"]}))
-    assert model_bridges.registering_modules(str(tmp_path)) == ["megatron.bridge.diffusion.conversion.flux.flux_bridge"]
+    assert modules_for(tmp_path) == ["megatron.bridge.diffusion.conversion.flux.flux_bridge"]
     assert registered(str(tmp_path)) == [before, plain(once)]
 
 

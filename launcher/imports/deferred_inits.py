@@ -118,10 +118,11 @@ def register_bridges(hf_path: str | None) -> None:
     FINDER.bridges_wait = False
     if not (FINDER.deferring and NEEDS_EVERY_INIT.intersection(sys.modules)):
         return
-    modules = model_bridges.registering_modules(hf_path)
+    architectures = model_bridges.plain_architectures(hf_path)
+    modules = model_bridges.registering_modules(architectures)
     for module in modules or ():
         importlib.import_module(module)
-    if modules is None or not model_bridges.found_alike(hf_path):
+    if modules is None or not model_bridges.found_alike(architectures):
         FINDER.deferring = False
         run_every_init()
 

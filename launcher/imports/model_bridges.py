@@ -1,23 +1,25 @@
 """Which Megatron Bridge module registers the model bridge of a Hugging Face model folder, read, not run.
 
-`registering_modules(hf_path)` gives the modules to import so that AutoBridge finds the bridge it would find after
-every model bridge was imported, or None where that cannot be known without importing them all: a folder without a
-plain config.json, an `auto_map` (custom model code that Megatron Bridge's modules register with transformers), an
-architecture that Megatron Bridge renames, one that no module or more than one registers, or one registered other
-than by the decorator of a class at a module's top level (the only registration that importing the module makes).
-Once they are imported, `found_alike(hf_path)` says whether AutoBridge's lookup of each architecture finds the bridge
-that it finds with every bridge registered: the lookup is the registry's own key, or a class that no registered
-name could match but by its own name.
+`plain_architectures(hf_path)` reads the architectures of a model folder's config.json; none where the folder has no
+plain config.json, an `auto_map` (custom model code that Megatron Bridge's modules register with transformers) or an
+architecture that Megatron Bridge renames. `registering_modules(architectures)` gives the modules to import so that
+AutoBridge finds the bridge it would find after every model bridge was imported, or None where that cannot be known
+without importing them all: no architectures, or one that no module or more than one registers, or one registered
+other than by the decorator of a class at a module's top level (the only registration that importing the module
+makes). Once they are imported, `found_alike(architectures)` says whether AutoBridge's lookup of each architecture
+finds the bridge that it finds with every bridge registered: the lookup is the registry's own key, or a class that
+no registered name could match but by its own name.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
+
+from launcher.imports import init_names
 
 # The subpackages of megatron.bridge whose model bridges register themselves with this decorator.
 BRIDGE_TREES = ("models", "diffusion")
@@ -25,9 +27,8 @@ BRIDGE_TREES = ("models", "diffusion")
 RENAMED = frozenset({"Qwen2_5OmniModel"})
 
 
-def registering_modules(hf_path: str | None) -> list[str] | None:
-    """The module registering each architecture of HF_PATH's config.json, or None (see the module's docstring)."""
-    architectures = plain_architectures(hf_path)
+def registering_modules(architectures: list[str]) -> list[str] | None:
+    """The module registering each of ARCHITECTURES, or None (see the module's docstring)."""
     if not architectures:
         return None
     found = registrations(frozenset(architectures))
@@ -56,15 +57,14 @@ def plain_architectures(hf_path: str | None) -> list[str]:
     return architectures
 
 
-def found_alike(hf_path: str) -> bool:
-    """Whether AutoBridge's lookup of each architecture of HF_PATH finds the bridge it would find with every bridge
+def found_alike(architectures: list[str]) -> bool:
+    """Whether AutoBridge's lookup of each of ARCHITECTURES finds the bridge it would find with every bridge
     registered (see looked_up_alike)."""
     import transformers
     from megatron.bridge.models.conversion import model_bridge
 
     registry = model_bridge.get_model_bridge._exact_types
-    names = plain_architectures(hf_path)
-    return all(looked_up_alike(getattr(transformers, name, name), name, registry) for name in names)
+    return all(looked_up_alike(getattr(transformers, name, name), name, registry) for name in architectures)
 
 
 def looked_up_alike(key: object, name: str, registry: Mapping[object, object]) -> bool:
@@ -93,8 +93,7 @@ def registrations(names: frozenset[str] | None = None) -> dict[str, str | None]:
 def registering_calls(names: frozenset[str] | None) -> Iterator[tuple[str, tuple[str, bool]]]:
     """(module, (architecture, registered at load time)) for every `register_bridge(source=...)` in the trees, of the
     files that spell one of NAMES where they are given (the others cannot register those)."""
-    package = importlib.util.find_spec("megatron.bridge")  # found, not imported: its __init__ imports every bridge
-    top = Path(package.origin).parent
+    top = Path(init_names.spec_unimported("megatron.bridge").origin).parent  # not imported: it imports every bridge
     for path in sorted(path for tree in BRIDGE_TREES for path in (top / tree).rglob("*.py")):
         text = path.read_bytes()
         if b"register_bridge(" in text and (names is None or any(name.encode() in text for name in names)):
