@@ -30,7 +30,7 @@ from typing import NoReturn, TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
 from launcher.errors import UsageError, report
-from launcher.imports import deferred_inits
+from launcher.imports import deferred_inits, deferred_names
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
 # a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
@@ -75,6 +75,7 @@ if __name__ != "__mp_main__":
     if os.environ.get("SRUN_SH_IMPORT_ALL") != "1":
         # the packages' own training path, and of the model bridges only hf_path's (docs/launch.md)
         deferred_inits.install(bridges_wait=True)
+        deferred_names.install()
     try:
         with chatter_held_back(QUIET):
             from megatron.bridge.training.callbacks import CallbackManager

@@ -1,7 +1,8 @@
 """What a rank imports before it trains, and the seconds each package takes: `python3 -X importtime entrypoint.py
-RECIPE --check` for each recipe, with the package inits deferred (SRUNSH_IMPORT_ALL=0, the default) and run whole
-(SRUNSH_IMPORT_ALL=1), the arms alternating. --check imports what training imports before pretrain() and builds and
-checks the config, without a GPU. The launching host imports none of this: its supervisor is standard library only.
+RECIPE --check` for each recipe, with the package inits deferred and the names a pretrain never calls postponed
+(SRUNSH_IMPORT_ALL=0, the default) and everything imported whole (SRUNSH_IMPORT_ALL=1), the arms alternating.
+--check imports what training imports before pretrain() and builds and checks the config, without a GPU. The
+launching host imports none of this: its supervisor is standard library only.
 
 Seconds are importtime's own time of each module, summed by GROUPS; wall is the whole --check.
 """

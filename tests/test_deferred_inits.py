@@ -33,6 +33,19 @@ UNNEEDED = (
     "modelopt.torch.nas",
 )
 
+# Nor these, which Megatron Bridge's dataset builders and ModelOpt's distillation plugin import at their top for names
+# an SFT, a VLM or a distillation calls (launcher/imports/deferred_names.py postpones those names).
+NEVER_CALLED = (
+    "datasets",
+    "pandas",
+    "pyarrow",
+    "megatron.energon",
+    "modelopt.torch.quantization",
+    "scipy",
+    "torchvision",
+    "transformers.processing_utils",
+)
+
 
 # `entrypoint.py RECIPE --check`, then the names in sys.modules as it exits: -X importtime misses a module imported
 # through importlib.import_module, as the deferred packages' names are.
@@ -53,16 +66,24 @@ def imported_modules(import_all: str, recipe: str = TINY, *arguments: str) -> se
     return set(line.split()[1:])
 
 
-def unneeded(modules: set[str]) -> list[str]:
-    return sorted(p for p in UNNEEDED if any(m == p or m.startswith(p + ".") for m in modules))
+def unneeded(modules: set[str], packages: tuple[str, ...] = UNNEEDED) -> list[str]:
+    return sorted(p for p in packages if any(m == p or m.startswith(p + ".") for m in modules))
 
 
 def test_a_recipe_without_hf_path_imports_none_of_the_unneeded_modules():
-    assert unneeded(imported_modules("0")) == []
+    modules = imported_modules("0")
+    assert unneeded(modules) == []
+    assert unneeded(modules, NEVER_CALLED) == []
 
 
 def test_import_all_imports_them_as_a_plain_import_does():
-    assert unneeded(imported_modules("1")) == sorted(UNNEEDED)
+    modules = imported_modules("1")
+    assert unneeded(modules) == sorted(UNNEEDED)
+    assert unneeded(modules, NEVER_CALLED) == sorted(NEVER_CALLED)
+
+
+# Megatron Bridge's Hugging Face model wrapper, which the model bridges import, binds transformers' ProcessorMixin
+MODEL_CLASSES_IMPORT = ["torchvision", "transformers.processing_utils"]
 
 
 def test_a_recipe_with_hf_path_imports_the_model_bridge_of_its_architecture_alone():
@@ -70,6 +91,7 @@ def test_a_recipe_with_hf_path_imports_the_model_bridge_of_its_architecture_alon
     assert "megatron.bridge.models.llama.llama_bridge" in modules
     conversion, llama = "megatron.bridge.models.conversion.auto_bridge", "megatron.bridge.models.llama"
     assert unneeded(modules) == [conversion, llama, "megatron.bridge.recipes.llama"]
+    assert unneeded(modules, NEVER_CALLED) == MODEL_CLASSES_IMPORT
 
 
 def test_a_deepseek_recipe_imports_the_deepseek_bridge_alone(hf_dir):
@@ -78,6 +100,7 @@ def test_a_deepseek_recipe_imports_the_deepseek_bridge_alone(hf_dir):
     modules = imported_modules("0", recipe, f"hf_path={hf_dir('deepseek_v2')}")
     assert "megatron.bridge.models.deepseek.deepseek_v2_bridge" in modules
     assert unneeded(modules) == ["megatron.bridge.models.conversion.auto_bridge", "megatron.bridge.models.deepseek"]
+    assert unneeded(modules, NEVER_CALLED) == MODEL_CLASSES_IMPORT
 
 
 def test_the_config_is_the_same_with_the_inits_deferred_or_whole(run_entrypoint):

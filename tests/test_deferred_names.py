@@ -1,0 +1,243 @@
+"""launcher/imports/deferred_names.py: the installed Megatron Bridge and ModelOpt run with the names a GPT pretrain
+never calls postponed, and the first use of one gives the process a plain import's modules and effects; for programs
+hypothesis writes, every name the module's uses allow to wait behaves as the real name would."""
+
+import builtins
+import importlib
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from launcher.imports import deferred_names
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A rank's imports with the names postponed, then what a GPT pretrain does not do: an SFT source's load_dataset on a
+# local file, and isinstance against the distillation plugin's TensorQuantizer before and after ModelOpt's
+# quantization is imported.
+FIRST_USE = r"""
+import json, sys
+from launcher.imports import deferred_inits, deferred_names
+deferred_inits.install(bridges_wait=True)
+deferred_names.install()
+import torch
+from megatron.bridge.training.config import ConfigContainer
+from megatron.bridge.training.gpt_step import forward_step
+said = {"before": sorted(p for p in ("datasets", "modelopt.torch.quantization", "transformers.processing_utils",
+                                     "megatron.energon") if p in sys.modules)}
+plugin = sys.modules["modelopt.torch.distill.plugins.megatron"]
+said["isinstance before"] = isinstance(torch.nn.Linear(2, 2), plugin.TensorQuantizer)
+said["imported by isinstance"] = "modelopt.torch.quantization" in sys.modules
+hf = sys.modules["megatron.bridge.data.sources.hf"]
+rows = hf.load_dataset("json", data_files=sys.argv[1], split="train")
+said["rows"] = [dict(row) for row in rows]
+import datasets
+from modelopt.torch.quantization.nn import TensorQuantizer
+said["bound"] = {
+    "load_dataset": hf.load_dataset is datasets.load_dataset,
+    "GPTSFTDataset": sys.modules["megatron.bridge.data.builders.gpt_sft"].GPTSFTDataset.__module__,
+    "TensorQuantizer": plugin.TensorQuantizer is TensorQuantizer,
+    "AutoProcessor": type(sys.modules["megatron.bridge.data.builders.mock_vlm_sft"].AutoProcessor).__name__,
+}
+said["gpt_sft patched datasets"] = datasets.builder.has_sufficient_disk_space.__module__
+said["isinstance after"] = isinstance(TensorQuantizer(), plugin.TensorQuantizer)
+said["postponed left"] = len(deferred_names.STATE.postponed)
+print(json.dumps(said))
+"""
+
+
+def test_the_first_use_of_a_postponed_name_imports_every_postponed_module_with_its_effects(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"text": "a"}\n{"text": "b"}\n')
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_USE, str(data)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said["before"] == []
+    assert said["isinstance before"] is False
+    assert said["imported by isinstance"] is False
+    assert said["rows"] == [{"text": "a"}, {"text": "b"}]
+    assert said["bound"] == {
+        "load_dataset": True,
+        "GPTSFTDataset": "megatron.bridge.data.datasets.gpt_sft",
+        "TensorQuantizer": True,
+        "AutoProcessor": "type",
+    }
+    assert said["gpt_sft patched datasets"] == "megatron.bridge.data.datasets.gpt_sft"  # as at a plain import
+    assert said["isinstance after"] is True
+    assert said["postponed left"] == 0
+
+
+# Programs hypothesis writes: a module imports a class or a function from a source module nothing imported yet, uses
+# it at its top and in a function in ways drawn from USES, and the function returns what each use saw. The same
+# program runs as a plain module and as one of deferred_names' importers, each with its own fresh copy of the source.
+SOURCE = """
+class Thing:
+    x = 1
+    def __init__(self, v=0):
+        self.v = v
+    def __repr__(self):
+        return f"Thing({self.v})"
+    @classmethod
+    def make(cls):
+        return cls(5)
+
+def helper(*args):
+    return len(args)
+"""
+# Uses of A (the imported name): a statement appending what it saw to `seen`, the imported names it is written for,
+# and what a stand-in does with it: answers it by the real name ("resolves"), answers it without ("checks": isinstance
+# before the source is imported), or cannot answer it (the module's uses then keep the name from waiting).
+BOTH, CLASS = ("Thing", "helper"), ("Thing",)
+USES = {
+    "seen.append(A.make().v)": (CLASS, "resolves"),
+    "seen.append(A.x)": (CLASS, "resolves"),
+    "seen.append(A(3))": (BOTH, "resolves"),
+    "seen.append(isinstance(1, A))": (CLASS, "checks"),
+    "seen.append(isinstance(seen, (int, A)))": (CLASS, "checks"),
+    "seen.append(issubclass(bool, A))": (CLASS, "checks"),
+    "seen.append(A.__name__)": (BOTH, "unanswered"),
+    "seen.append(A is A)": (BOTH, "unanswered"),
+    "seen.append(A == A)": (BOTH, "unanswered"),
+    "seen.append(len(repr(A)) > 0)": (BOTH, "unanswered"),
+    "seen.append(isinstance(A, type))": (BOTH, "unanswered"),
+    "seen.append([A][0].__qualname__)": (BOTH, "unanswered"),
+    "B = A\n    seen.append(B(1))": (BOTH, "unanswered"),
+    "class Sub(A):\n        pass\n    seen.append(Sub.__mro__[1].__name__)": (CLASS, "unanswered"),
+    "try:\n        raise ValueError\n    except A:\n        seen.append('A')\n    except Exception as e:\n"
+    "        seen.append(type(e).__name__)": (BOTH, "unanswered"),
+}
+
+
+def uses_of(name: str) -> st.SearchStrategy[list[str]]:
+    return st.lists(st.sampled_from(sorted(use for use, (names, _) in USES.items() if name in names)), max_size=3)
+
+
+# What the programs' uses raise: a class they cannot subclass or catch, a name they cannot compare
+RAISED = (TypeError, AttributeError, NameError)
+
+
+def program(source: str, name: str, top: list[str], inside: list[str]) -> str:
+    lines = [f"from {source} import {name} as A", "seen = []"]
+    lines += [f"if True:\n    {use}" for use in top]  # each top-level use, indented as in the function
+    lines += ["def run():"]
+    lines += [f"    {use}" for use in inside] or ["    pass"]
+    lines += ["    return seen"]
+    return "\n".join(lines) + "\n"
+
+
+def outcome(run) -> list[object]:
+    """What the module saw, each value by its repr (the two runs' classes are different objects)."""
+    try:
+        return [repr(value) if not isinstance(value, (bool, int, str)) else value for value in run()]
+    except RAISED as error:
+        return [f"raised {type(error).__name__}"]
+
+
+def fresh_source(folder: Path) -> str:
+    name = f"deferred_source_{uuid.uuid4().hex}"
+    (folder / f"{name}.py").write_text(SOURCE)
+    return name
+
+
+def load(folder: Path, text: str, watched: bool) -> object:
+    """The program as a module: its `from ... import` through deferred_names' __import__ where WATCHED."""
+    name = f"deferred_importer_{uuid.uuid4().hex}"
+    path = folder / f"{name}.py"
+    path.write_text(text)
+    module = type(sys)(name)
+    module.__file__ = str(path)
+    if watched:  # its own __import__, as install() makes the process's
+        module.__dict__["__builtins__"] = {**vars(builtins), "__import__": deferred_names.watching_import}
+    try:
+        exec(compile(text, str(path), "exec"), module.__dict__)
+    except RAISED as error:
+        raised = [f"raised {type(error).__name__} at the top"]
+        return lambda: raised
+    return module.run
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("deferred-names")
+    sys.path.insert(0, str(path))
+    yield path
+    sys.path.remove(str(path))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), name=st.sampled_from(BOTH))
+def test_a_name_postponed_or_not_behaves_as_the_real_name(folder, data, name):
+    top, inside = data.draw(uses_of(name), label="top"), data.draw(uses_of(name), label="inside")
+    plain_source, watched_source = fresh_source(folder), fresh_source(folder)
+    state, table, process_import = deferred_names.STATE, deferred_names.DEFERRED, builtins.__import__
+    deferred_names.STATE = deferred_names.State()
+    deferred_names.DEFERRED = {**table, watched_source: frozenset({name})}
+    try:
+        plain = outcome(load(folder, program(plain_source, name, top, inside), watched=False))
+        watched_run = load(folder, program(watched_source, name, top, inside), watched=True)
+        waited = watched_source not in sys.modules
+        watched = outcome(watched_run)
+    finally:  # another test of this process may have imported entrypoint.py, which installs watching_import
+        deferred_names.STATE, deferred_names.DEFERRED, builtins.__import__ = state, table, process_import
+    assert watched == [
+        value.replace(plain_source, watched_source) if isinstance(value, str) else value for value in plain
+    ]
+    kinds = [USES[use][1] for use in top + inside]
+    assert waited == ("unanswered" not in kinds and all(USES[use][1] == "checks" for use in top))
+
+
+def test_a_name_the_source_already_bound_is_the_real_one(folder):
+    source = fresh_source(folder)
+    importlib.import_module(source)
+    table = deferred_names.DEFERRED
+    deferred_names.DEFERRED = {**table, source: frozenset({"Thing"})}
+    try:
+        run = load(folder, program(source, "Thing", [], ["seen.append(A.make().v)"]), watched=True)
+    finally:
+        deferred_names.DEFERRED = table
+    assert run.__globals__["A"] is sys.modules[source].Thing
+
+
+# transformers' object detection losses import scipy's and transformers' own functions, the latter relatively
+# (`from ..image_transforms import`): both wait, and the first call gets scipy's answer.
+RELATIVE = r"""
+import json, sys
+import numpy
+from launcher.imports import deferred_names
+deferred_names.install()
+from transformers.loss import loss_for_object_detection as detection
+said = {
+    "waiting": [type(detection.linear_sum_assignment).__name__, type(detection.center_to_corners_format).__name__],
+    "imported": sorted(m for m in ("scipy.optimize", "transformers.image_transforms") if m in sys.modules),
+}
+rows, columns = detection.linear_sum_assignment(numpy.array([[4.0, 1.0], [2.0, 0.0]]))
+import scipy.optimize, transformers.image_transforms
+said["assignment"] = [rows.tolist(), columns.tolist()]
+said["real"] = [
+    detection.linear_sum_assignment is scipy.optimize.linear_sum_assignment,
+    detection.center_to_corners_format is transformers.image_transforms.center_to_corners_format,
+]
+print(json.dumps(said))
+"""
+
+
+def test_names_a_relative_import_names_wait_too_and_the_first_call_gets_the_real_answer():
+    done = subprocess.run(
+        [sys.executable, "-c", RELATIVE], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said == {
+        "waiting": ["StandIn", "StandIn"],
+        "imported": [],
+        "assignment": [[0, 1], [1, 0]],
+        "real": [True, True],
+    }
