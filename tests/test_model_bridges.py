@@ -152,15 +152,17 @@ def test_an_architecture_one_module_registers_gets_that_bridge_alone_and_a_secon
 
 
 # A rank's model built on the CPU from the Llama recipe with hf_path holding weights: the pre-wrap hook the recipe
-# registers loads them. With the inits waiting ("deferred": the Llama bridge alone) or a plain import ("plain").
+# registers loads them. With the inits waiting and the names a pretrain never calls postponed ("deferred": the Llama
+# bridge alone) or a plain import ("plain").
 # Prints a digest of each tensor of the built model and of the Hugging Face embedding.
 LOAD = r"""
 import hashlib, json, os, sys
 mode, hf_path, port = sys.argv[1:]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-from launcher.imports import deferred_inits
+from launcher.imports import deferred_inits, deferred_names
 if mode == "deferred":
     deferred_inits.install(bridges_wait=True)
+    deferred_names.install()
 import torch
 from megatron.bridge.recipes.llama.llama3 import llama3_8b_pretrain_config
 from megatron.core import parallel_state
