@@ -1,6 +1,7 @@
-"""Names that Megatron Bridge's dataset builders and ModelOpt's distillation plugin import at their top from packages a
-GPT pretrain never calls (transformers' processors, datasets, Megatron Energon, ModelOpt's quantization): each is bound
-to a stand-in until the first use of any of them, which then runs every import so postponed, in the order they were met.
+"""Names that the training stack's modules import at their top for an SFT, a VLM, a distillation or an object detection
+loss, from packages a GPT pretrain never calls (transformers' processors, datasets, Megatron Energon, ModelOpt's
+quantization, scipy): each is bound to a stand-in until the first use of any of them, which then runs every import so
+postponed, in the order they were met.
 
 `install()` (before the training stack's first import) makes `watching_import` the process's `__import__`. A
 `from SOURCE import NAME`, for a NAME of DEFERRED[SOURCE] that SOURCE has not bound yet, then binds a stand-in where the
@@ -28,19 +29,23 @@ from pathlib import Path
 
 from launcher.imports import init_names
 
-# SOURCE -> its NAMEs that a GPT pretrain never calls, and what importing them costs (bench/results/startup.md)
+# SOURCE -> its NAMEs that a GPT pretrain never calls (bench/results/startup.md, "Names postponed"); what importing
+# SOURCE brings, and who imports the names
 DEFERRED: Mapping[str, frozenset[str]] = {
-    "transformers": frozenset({"AutoImageProcessor", "AutoProcessor", "Qwen3VLProcessor"}),  # image, video processing
-    # transformers' object detection losses, which its modeling_utils imports
+    # image and video processing, torchvision: Megatron Bridge's dataset builders and Hugging Face model wrapper
+    "transformers": frozenset({"AutoImageProcessor", "AutoProcessor", "Qwen3VLProcessor"}),
+    # scipy, torchvision: transformers' object detection losses, which its modeling_utils imports
     "scipy.optimize": frozenset({"linear_sum_assignment"}),
-    "transformers.image_transforms": frozenset({"center_to_corners_format"}),  # torchvision
-    "datasets": frozenset({"concatenate_datasets", "load_dataset"}),  # pandas, pyarrow
-    # its top imports datasets, and patches it
+    "transformers.image_transforms": frozenset({"center_to_corners_format"}),
+    # pandas, pyarrow: Megatron Bridge's Hugging Face dataset source
+    "datasets": frozenset({"concatenate_datasets", "load_dataset"}),
+    # datasets, which it patches as it loads: Megatron Bridge's SFT dataset builder
     "megatron.bridge.data.datasets.gpt_sft": frozenset({"GPTSFTChatDataset", "GPTSFTDataset", "get_dataset_root"}),
+    # Megatron Energon: Megatron Bridge's Energon dataset builder
     "megatron.bridge.data.energon.base_energon_datamodule": frozenset({"EnergonMultiModalDataModule"}),
-    "modelopt.torch.quantization.nn": frozenset({"TensorQuantizer"}),  # every quantization mode, scipy.stats
+    # every quantization mode, scipy.stats: ModelOpt's distillation plugin (for an isinstance in a distillation)
+    "modelopt.torch.quantization.nn": frozenset({"TensorQuantizer"}),
 }
-
 
 # A relative import is resolved only where its last part is one of theirs
 LAST_PARTS = frozenset(source.rpartition(".")[2] for source in DEFERRED)
