@@ -4,11 +4,14 @@ those seconds go. Goal (issue 17): A's time to the first step within 1.03x of B'
 
 Every console line is timed as it arrives. The breakdown comes from lines both launches print (MARKERS). Rounds run
 A B, then B A; --warmup runs uncounted pairs first, since each launcher keeps kernel caches of its own (srun.sh gives
-every rank its own Triton cache in /tmp). Writes DIR/startup-CASE.{md,json} after every launch.
+every rank its own Triton cache in /tmp). --cold-caches gives every launch empty Triton and TorchInductor caches
+instead, as a rank in a fresh container starts with: what compiling Megatron's fused kernels again costs each launch.
+Writes DIR/startup-CASE[-cold].{md,json} after every launch.
 """
 
 import re
 import statistics
+from pathlib import Path
 
 from bench import launches, megatron_log, report
 
@@ -73,12 +76,22 @@ def breakdown(runs: list[dict]) -> dict[str, dict[str, float | None]]:
     return medians
 
 
+def cold_caches(run_dir: Path) -> dict[str, str]:
+    """Empty Triton and TorchInductor caches of one launch's own (srun.sh keeps a TRITON_CACHE_DIR it is given)."""
+    return {
+        "TRITON_CACHE_DIR": str(run_dir / "triton-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor-cache"),
+    }
+
+
 def markdown(result: dict) -> str:
     names = list(MARKERS)
+    caches = "empty at every launch" if result["cold_caches"] else "each launcher's own, kept between its launches"
     lines = [
         f"# Start-up A/B, {result['case']}, {result['date']}",
         "",
         f"{result['hardware']}, {result['gpus']} GPU(s); {result['versions']}. Seconds since the launch command.",
+        f"Triton and TorchInductor caches: {caches}.",
         "",
         *report.table(("round", "launch", "exit", "wall s", *names)),
     ]
@@ -104,18 +117,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=report.positive, default=2, help="A B, then B A, ... (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="uncounted A B pairs first (default: 1)")
     parser.add_argument("--timeout", type=float, help="seconds one launch may run (default: no limit)")
+    parser.add_argument(
+        "--cold-caches", action="store_true", help="every launch starts with empty Triton and TorchInductor caches"
+    )
     args = parser.parse_args(argv)
     launches.stop_on_sigterm()
     recipe, overrides = case_command(args.case, args.gpus, args.layers)
     commands = {"A": launches.ours(recipe, *overrides), "B": launches.upstream(recipe, *overrides, gpus=args.gpus)}
     result = {**launches.result_header(args.case, args.gpus, commands), "goal": 1.03, "runs": []}
-    prefix = args.out / f"startup-{args.case}"
-    runs_dir = args.out / f"startup-{args.case}-runs"
+    result["cold_caches"] = args.cold_caches
+    name = f"startup-{args.case}" + ("-cold" if args.cold_caches else "")
+    prefix, runs_dir = args.out / name, args.out / f"{name}-runs"
     order = [(None, launch) for _ in range(args.warmup) for launch in "AB"] + launches.ab_rounds(args.rounds)
     launches.fix_dataset_helpers()
     for index, (round_index, launch) in enumerate(order):
-        env = {"SRUNSH_GPUS_PER_NODE": str(args.gpus)}
-        finished = launches.run(result["commands"][launch], runs_dir / f"{index}-{launch}", args.timeout, env)
+        run_dir = runs_dir / f"{index}-{launch}"
+        env = {"SRUNSH_GPUS_PER_NODE": str(args.gpus)} | (cold_caches(run_dir) if args.cold_caches else {})
+        finished = launches.run(result["commands"][launch], run_dir, args.timeout, env)
         mark = marks(finished.lines)
         row = {"round": round_index, "launch": launch, "returncode": finished.returncode, "wall_s": finished.wall_s}
         result["runs"].append(row | {"marks": mark, "phases": phase_seconds(mark), "first_step_s": mark["first step"]})

@@ -13,6 +13,9 @@ from megatron.bridge.training.utils.log_utils import barrier_and_log
 import entrypoint
 from bench import bench_startup, launches, upstream_pretrain
 from tests.conftest import REPO
+from tests.srun_world import SrunWorld
+
+pytest_plugins = ["tests.srun_world"]
 
 TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
 
@@ -91,6 +94,7 @@ def test_warm_ups_are_shown_but_not_counted():
         "gpus": 1,
         "versions": "torch 2.11.0",
         "goal": 1.03,
+        "cold_caches": False,
         "commands": {"A": ["srun.sh"], "B": ["torchrun"]},
         "runs": runs,
         "first_step_a_over_b": launches.per_round(runs, "first_step_s"),
@@ -102,6 +106,20 @@ def test_warm_ups_are_shown_but_not_counted():
     assert "A/B time to first step per round: 1.032, 1.032; median 1.032, range 1.032-1.032 over 2" in table
     assert "| launch to first step | 42.83 | 41.5 | 1.33 |" in table
     assert "| tokenizer, model, optimizer | 5.23 | 5.21 | 0.02 |" in table
+    assert "Triton and TorchInductor caches: each launcher's own, kept between its launches." in table
+    assert "Triton and TorchInductor caches: empty at every launch." in bench_startup.markdown(
+        result | {"cold_caches": True}
+    )
+
+
+def test_a_cold_launch_hands_its_rank_empty_caches_of_its_own(srun_world: SrunWorld, tmp_path: Path):
+    caches = bench_startup.cold_caches(tmp_path / "0-A")
+    result = srun_world.srun_sh("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "1", **caches})
+    assert result.returncode == 0, result.stderr
+    rank_env = srun_world.records()[0]["env"]
+    assert {name: rank_env[name] for name in caches} == caches
+    assert not any(Path(path).exists() for path in caches.values())  # empty: not even made before the rank runs
+    assert set(caches.values()).isdisjoint(bench_startup.cold_caches(tmp_path / "1-B").values())
 
 
 @pytest.mark.parametrize(
