@@ -1,5 +1,6 @@
 """launcher/imports/deferred_names.py: the installed Megatron Bridge and ModelOpt run with the names a GPT pretrain
-never calls postponed, and the first use of one gives the process a plain import's modules and effects; for programs
+never calls postponed, every shipped recipe resolves the same config as with a plain import, and the first use of a
+postponed name gives the process a plain import's modules and effects; for programs
 hypothesis writes, every name the module's uses allow to wait behaves as the real name would."""
 
 import builtins
@@ -15,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.imports import deferred_names
+from tests import hf_models
+from tests.test_deferred_inits import assert_same_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,6 +76,15 @@ def test_the_first_use_of_a_postponed_name_imports_every_postponed_module_with_i
     assert said["gpt_sft patched datasets"] == "megatron.bridge.data.datasets.gpt_sft"  # as at a plain import
     assert said["isinstance after"] is True
     assert said["postponed left"] == 0
+
+
+@pytest.mark.parametrize("recipe", sorted(hf_models.RECIPE_SHAPES))
+def test_every_shipped_recipe_resolves_the_same_config_postponed_or_whole(run_entrypoint, hf_dir, recipe):
+    # with the package inits deferred too, and of the model bridges only hf_path's (DeepSeek V2's bridge registers its
+    # architecture by name, which AutoBridge looks up by transformers' class)
+    shape = hf_models.RECIPE_SHAPES[recipe]
+    arguments = [f"hf_path={hf_dir(shape)}"] if shape else []
+    assert_same_config(run_entrypoint, str(REPO / "recipes" / f"{recipe}.py"), *arguments)
 
 
 # Programs hypothesis writes: a module imports a class or a function from a source module nothing imported yet, uses
