@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -176,6 +178,18 @@ def load(folder: Path, text: str, watched: bool) -> object:
     return module.run
 
 
+@contextmanager
+def postponing(source: str, name: str) -> Iterator[None]:
+    """deferred_names with NAME of SOURCE in its table and nothing postponed yet; the process's own state after."""
+    state, table, process_import = deferred_names.STATE, deferred_names.DEFERRED, builtins.__import__
+    deferred_names.STATE = deferred_names.State()
+    deferred_names.DEFERRED = {**table, source: frozenset({name})}
+    try:
+        yield
+    finally:  # another test of this process may have imported entrypoint.py, which installs watching_import
+        deferred_names.STATE, deferred_names.DEFERRED, builtins.__import__ = state, table, process_import
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("deferred-names")
@@ -189,16 +203,11 @@ def folder(tmp_path_factory):
 def test_a_name_postponed_or_not_behaves_as_the_real_name(folder, data, name):
     top, inside = data.draw(uses_of(name), label="top"), data.draw(uses_of(name), label="inside")
     plain_source, watched_source = fresh_source(folder), fresh_source(folder)
-    state, table, process_import = deferred_names.STATE, deferred_names.DEFERRED, builtins.__import__
-    deferred_names.STATE = deferred_names.State()
-    deferred_names.DEFERRED = {**table, watched_source: frozenset({name})}
-    try:
+    with postponing(watched_source, name):
         plain = outcome(load(folder, program(plain_source, name, top, inside), watched=False))
         watched_run = load(folder, program(watched_source, name, top, inside), watched=True)
         waited = watched_source not in sys.modules
         watched = outcome(watched_run)
-    finally:  # another test of this process may have imported entrypoint.py, which installs watching_import
-        deferred_names.STATE, deferred_names.DEFERRED, builtins.__import__ = state, table, process_import
     assert watched == [
         value.replace(plain_source, watched_source) if isinstance(value, str) else value for value in plain
     ]
@@ -209,12 +218,8 @@ def test_a_name_postponed_or_not_behaves_as_the_real_name(folder, data, name):
 def test_a_name_the_source_already_bound_is_the_real_one(folder):
     source = fresh_source(folder)
     importlib.import_module(source)
-    table = deferred_names.DEFERRED
-    deferred_names.DEFERRED = {**table, source: frozenset({"Thing"})}
-    try:
+    with postponing(source, "Thing"):
         run = load(folder, program(source, "Thing", [], ["seen.append(A.make().v)"]), watched=True)
-    finally:
-        deferred_names.DEFERRED = table
     assert run.__globals__["A"] is sys.modules[source].Thing
 
 

@@ -158,11 +158,15 @@ def watching_import(
 
 def relative_source(name: str, namespace: dict[str, object] | None, level: int) -> str | None:
     """The module a relative `from ..NAME import` names, where it may be one of DEFERRED (else None, at once)."""
-    if name.rpartition(".")[2] not in LAST_PARTS:
-        return None
+    return absolute(name, level, package_of(namespace)) if name.rpartition(".")[2] in LAST_PARTS else None
+
+
+def absolute(name: str, level: int, package: str | None) -> str | None:
+    """The module `from` LEVEL dots and NAME names in PACKAGE; None where it cannot be resolved (beyond the top-level
+    package, or no package: the plain import says so)."""
     try:
-        return importlib.util.resolve_name("." * level + name, package_of(namespace))
-    except (ImportError, ValueError):  # beyond the top-level package, or no package: the plain import says so
+        return importlib.util.resolve_name("." * level + name, package)
+    except (ImportError, ValueError):
         return None
 
 
@@ -212,12 +216,7 @@ def aliases(source_file: str, source: str, package: str | None) -> dict[str, str
 
 def imported_from(node: ast.ImportFrom, package: str | None) -> str | None:
     """The module a `from ... import` statement names, a relative one resolved against PACKAGE."""
-    if node.level == 0:
-        return node.module
-    try:
-        return importlib.util.resolve_name("." * node.level + (node.module or ""), package)
-    except (ImportError, ValueError):
-        return None
+    return node.module if node.level == 0 else absolute(node.module or "", node.level, package)
 
 
 @cache
