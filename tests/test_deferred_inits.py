@@ -34,7 +34,8 @@ UNNEEDED = (
 )
 
 # Nor these, which Megatron Bridge's dataset builders and ModelOpt's distillation plugin import at their top for names
-# an SFT, a VLM or a distillation calls (launcher/imports/deferred_names.py postpones those names).
+# an SFT, a VLM or a distillation calls (launcher/imports/deferred_names.py postpones those names). transformers'
+# candidate_generator imports scikit-learn, and with it scipy and pandas, where it is installed (not here).
 NEVER_CALLED = (
     "datasets",
     "pandas",
@@ -43,6 +44,7 @@ NEVER_CALLED = (
     "modelopt.torch.quantization",
     "scipy",
     "torchvision",
+    "transformers.generation.candidate_generator",
     "transformers.processing_utils",
 )
 
@@ -82,8 +84,60 @@ def test_import_all_imports_them_as_a_plain_import_does():
     assert unneeded(modules, NEVER_CALLED) == sorted(NEVER_CALLED)
 
 
-# Megatron Bridge's Hugging Face model wrapper, which the model bridges import, binds transformers' ProcessorMixin
-MODEL_CLASSES_IMPORT = ["torchvision", "transformers.processing_utils"]
+# A rank's data loaders for the tiny recipe (mock data), built on the CPU after its config as Megatron Bridge's setup()
+# builds them: its own loaders, the mock GPT dataset, its index builder, a first batch. Megatron Bridge makes one flag
+# tensor on the GPU; here it is made on the CPU. Prints whether the postponed names still wait, and the modules that
+# building imported.
+DATA_LOADERS = r"""
+import os, runpy, socket, sys
+with socket.socket() as free:
+    free.bind(("127.0.0.1", 0))
+    port = str(free.getsockname()[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+entrypoint = runpy.run_path("entrypoint.py", run_name="rank")
+import torch
+from launcher.imports import deferred_names
+from megatron.bridge.data.loaders import setup_data_iterators
+from megatron.bridge.data.utils import get_dataset_provider
+from megatron.bridge.training.setup import _bind_dataset_provider_context
+from megatron.bridge.training.state import TrainState
+from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+from megatron.core import parallel_state
+from megatron.core.process_groups_config import ProcessGroupCollection
+cfg, _ = entrypoint["resolve"](entrypoint["parse_args"](sys.argv[1:]))
+cfg.validate()
+torch.distributed.init_process_group("gloo")
+parallel_state.initialize_model_parallel()
+groups = ProcessGroupCollection.use_mpu_process_groups()
+cfg.dataset.tokenizer = tokenizer = build_tokenizer(cfg.tokenizer)
+provider = _bind_dataset_provider_context(get_dataset_provider(cfg.dataset), tokenizer=tokenizer, pg_collection=groups)
+made = torch.tensor
+torch.tensor = lambda *args, device=None, **kwargs: made(*args, **kwargs)
+before = set(sys.modules)
+loaders = setup_data_iterators(
+    cfg=cfg, train_state=TrainState(), model_length=1, train_valid_test_datasets_provider=provider, dp_group=groups.dp
+)
+next(loaders[0])
+print("WAITING", deferred_names.STATE.deferring, file=sys.__stderr__)
+print("MODULES", *sorted(set(sys.modules) - before), file=sys.__stderr__)
+"""
+# What Megatron Bridge's data loaders import to check whether the model is a MIMO one (its Hugging Face provider)
+MIMO_DATA = ("accelerate", "megatron.bridge.data.megatron_mimo.hf_provider", "transformers.models.auto.auto_factory")
+
+
+def test_a_mock_pretrains_data_loaders_import_no_hugging_face_data_code_and_leave_the_postponed_names_waiting():
+    command = [sys.executable, "-c", DATA_LOADERS, TINY, "train.train_iters=3"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert "WAITING True" in lines
+    (line,) = (line for line in lines if line.startswith("MODULES "))
+    assert unneeded(set(line.split()[1:]), MIMO_DATA + NEVER_CALLED) == []
+
+
+# Megatron Bridge's Hugging Face model wrapper, which the model bridges import, binds transformers' ProcessorMixin, and
+# transformers' model classes import its generation utilities
+MODEL_CLASSES_IMPORT = ["torchvision", "transformers.generation.candidate_generator", "transformers.processing_utils"]
 
 
 def test_a_recipe_with_hf_path_imports_the_model_bridge_of_its_architecture_alone():

@@ -25,13 +25,15 @@ from collections.abc import Sequence
 from launcher.imports import init_names, model_bridges
 
 # Whose __init__ imports much more than the packages' own training path uses: Megatron Bridge's imports every model
-# bridge (and with them transformers, diffusers, scipy) to register them; ModelOpt's imports every optimisation mode
-# and its Hugging Face, diffusers and PEFT plugins.
+# bridge (and with them transformers, diffusers, scipy) to register them, and its MIMO data package's the Hugging Face
+# provider (datasets, transformers' auto classes, accelerate) where a data loader only checks for the base provider's
+# class; ModelOpt's imports every optimisation mode and its Hugging Face, diffusers and PEFT plugins.
 DEFERRED = frozenset(
     {
         "megatron.bridge",
         "megatron.bridge.data",
         "megatron.bridge.data.builders",
+        "megatron.bridge.data.megatron_mimo",
         "megatron.bridge.models",
         "megatron.bridge.models.conversion",
         "megatron.bridge.models.hf_pretrained",

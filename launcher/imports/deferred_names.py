@@ -1,7 +1,7 @@
 """Names that the training stack's modules import at their top for an SFT, a VLM, a distillation or an object detection
-loss, from packages a GPT pretrain never calls (transformers' processors, datasets, Megatron Energon, ModelOpt's
-quantization, scipy): each is bound to a stand-in until the first use of any of them, which then runs every import so
-postponed, in the order they were met.
+loss, from packages a GPT pretrain never calls (transformers' processors and auto tokenizer, datasets, Megatron
+Energon, ModelOpt's quantization, scipy): each is bound to a stand-in until the first use of any of them, which then
+runs every import so postponed, in the order they were met.
 
 `install()` (before the training stack's first import) makes `watching_import` the process's `__import__`. A
 `from SOURCE import NAME`, for a NAME of DEFERRED[SOURCE] that SOURCE has not bound yet, then binds a stand-in where the
@@ -32,8 +32,9 @@ from launcher.imports import init_names
 # SOURCE -> its NAMEs that a GPT pretrain never calls (bench/results/startup.md, "Names postponed"); what importing
 # SOURCE brings, and who imports the names
 DEFERRED: Mapping[str, frozenset[str]] = {
-    # image and video processing, torchvision: Megatron Bridge's dataset builders and Hugging Face model wrapper
-    "transformers": frozenset({"AutoImageProcessor", "AutoProcessor", "Qwen3VLProcessor"}),
+    # image and video processing, torchvision; the auto tokenizer's model factory, whose generation utilities import
+    # scikit-learn (and scipy, pandas) where it is installed: Megatron Bridge's dataset builders and HF model wrapper
+    "transformers": frozenset({"AutoImageProcessor", "AutoProcessor", "AutoTokenizer", "Qwen3VLProcessor"}),
     # scipy, torchvision: transformers' object detection losses, which its modeling_utils imports
     "scipy.optimize": frozenset({"linear_sum_assignment"}),
     "transformers.image_transforms": frozenset({"center_to_corners_format"}),
