@@ -84,6 +84,10 @@ def cold_caches(run_dir: Path) -> dict[str, str]:
     }
 
 
+def label(run: dict) -> str | int:
+    return "warm-up" if run["round"] is None else run["round"]
+
+
 def markdown(result: dict) -> str:
     names = list(MARKERS)
     caches = "empty at every launch" if result["cold_caches"] else "each launcher's own, kept between its launches"
@@ -96,11 +100,15 @@ def markdown(result: dict) -> str:
         *report.table(("round", "launch", "exit", "wall s", *names)),
     ]
     for run in result["runs"]:
-        cells = ["warm-up" if run["round"] is None else run["round"], run["launch"], run["returncode"], run["wall_s"]]
+        cells = [label(run), run["launch"], run["returncode"], run["wall_s"]]
         lines.append(report.row([*cells, *(run["marks"][name] for name in names)]))
     ratios = result["first_step_a_over_b"]
     lines += ["", f"A/B time to first step per round: {', '.join(map(str, ratios)) or '-'}; {launches.spread(ratios)}"]
     lines += [f"(goal: at most {result['goal']}).", ""]
+    left = [
+        f"{label(run)} {run['launch']}: {', '.join(run['left_behind'])}" for run in result["runs"] if run["left_behind"]
+    ]
+    lines += [f"Left running after a launch, and killed before the next: {'; '.join(left) or 'nothing'}.", ""]
     lines += report.table(("where the seconds go (median)", "A", "B", "A - B"))
     for what, medians in result["breakdown"].items():
         a, b = medians["A"], medians["B"]
@@ -136,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         finished = launches.run(result["commands"][launch], run_dir, args.timeout, env)
         mark = marks(finished.lines)
         row = {"round": round_index, "launch": launch, "returncode": finished.returncode, "wall_s": finished.wall_s}
+        row["left_behind"] = finished.left_behind
         result["runs"].append(row | {"marks": mark, "phases": phase_seconds(mark), "first_step_s": mark["first step"]})
         result["first_step_a_over_b"] = launches.per_round(result["runs"], "first_step_s")
         result["breakdown"] = breakdown(result["runs"])

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import IO
@@ -83,6 +83,7 @@ class Finished:
     returncode: int | str  # the launcher's exit status, or "timeout N s"
     wall_s: float
     lines: list[tuple[float, str]]  # every console line, with the seconds after the start at which it arrived
+    left_behind: list[str] = field(default_factory=list)  # processes of the launch still running after it, by name
 
 
 class Launch:
@@ -95,6 +96,7 @@ class Launch:
         # Unbuffered, so that each line arrives when it is printed; every launch gets the same environment.
         environment = {**os.environ, "SRUNSH_OUTPUT_ROOT": str(directory / "outputs"), "PYTHONUNBUFFERED": "1"}
         environment |= env or {}
+        self.output_root = environment["SRUNSH_OUTPUT_ROOT"]  # every process of the launch inherits it
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             command,
@@ -166,10 +168,31 @@ class Launch:
     def close(self) -> None:
         (self.directory / "console.log").write_text("".join(f"{at:9.2f}  {text}" for at, text in self.lines))
 
+    def reap_left_behind(self, grace_s: float = 5.0) -> list[str]:
+        """The names of the launch's processes that still run grace_s after it ended, each then killed: one left
+        behind (a worker pool a rank started, say) would slow every launch after it, and the arm that follows most."""
+        names = started_by(self.output_root)
+        _, alive = psutil.wait_procs(list(names), timeout=grace_s)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        return sorted(names[process] for process in alive)
+
+
+def started_by(output_root: str) -> dict[psutil.Process, str]:
+    """Every process but this one whose environment has SRUNSH_OUTPUT_ROOT=output_root, with its name: a launch and
+    what it started, wherever they were re-parented; no other process has a launch's directory."""
+    found = {}
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):  # gone, a zombie, or another user's
+            if process.pid != os.getpid() and process.environ().get("SRUNSH_OUTPUT_ROOT") == output_root:
+                found[process] = process.name()
+    return found
+
 
 def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[str, str] | None = None) -> Finished:
     """Run one launch in `directory` until it exits, or stop it (and every rank) after timeout_s (None: no limit) or
-    when the benchmark itself is stopped."""
+    when the benchmark itself is stopped; then kill what it left running (named in Finished.left_behind)."""
     launch = Launch(command, directory, env)
     deadline = math.inf if timeout_s is None else launch.started + timeout_s
     try:
@@ -187,7 +210,8 @@ def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[
         raise
     finally:
         launch.close()
-    return Finished(returncode, round(time.monotonic() - launch.started, 1), launch.lines)
+    wall_s = round(time.monotonic() - launch.started, 1)
+    return Finished(returncode, wall_s, launch.lines, launch.reap_left_behind())
 
 
 def timed_lines(stream: IO[str], started: float, arrived: queue.SimpleQueue) -> None:

@@ -4,6 +4,7 @@ Bridge writes, read back from event files that torch's own SummaryWriter wrote."
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -83,6 +84,38 @@ def test_stopping_the_benchmark_stops_the_launch_in_flight(tmp_path: Path):
     assert stopped.value.code == 128 + signal.SIGTERM
     assert wait_until_gone(int((tmp_path / "hang" / "child.pid").read_text()))
     assert (tmp_path / "hang" / "console.log").read_text().endswith("started\n")
+
+
+# A launcher that starts a process in a session of its own (as a rank's worker pool can be) and exits at once.
+LEAVES_ONE = """
+import subprocess, sys
+quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], **quiet)
+open("child.pid", "w").write(str(child.pid))
+print("started", flush=True)
+"""
+
+
+def test_a_process_a_launch_leaves_running_is_named_and_killed_and_no_other_process_is(tmp_path: Path):
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    # another launch's process, and one with no launch's directory: neither belongs to this launch
+    other = subprocess.Popen(sleeper, env={**os.environ, "SRUNSH_OUTPUT_ROOT": str(tmp_path / "other" / "outputs")})
+    unrelated = subprocess.Popen(sleeper)
+    try:
+        finished = launches.run([sys.executable, "-c", LEAVES_ONE], tmp_path / "left", timeout_s=30)
+        assert finished.returncode == 0
+        assert finished.left_behind == [Path(sys.executable).name]
+        assert wait_until_gone(int((tmp_path / "left" / "child.pid").read_text()))
+        assert other.poll() is None and unrelated.poll() is None
+    finally:
+        for process in (other, unrelated):
+            process.kill()
+            process.wait()
+
+
+def test_a_launch_that_ends_with_its_processes_leaves_none(tmp_path: Path):
+    finished = launches.run([sys.executable, "-c", "print('done')"], tmp_path / "clean", timeout_s=30)
+    assert (finished.returncode, finished.left_behind) == (0, [])
 
 
 def test_rounds_alternate_which_launch_goes_first():

@@ -75,7 +75,7 @@ def test_phases_are_the_seconds_between_markers():
 
 def run_row(round_index, launch: str, text: str) -> dict:
     mark = bench_startup.marks(console(text))
-    return {"round": round_index, "launch": launch, "returncode": 0, "wall_s": 50.0, "marks": mark,
+    return {"round": round_index, "launch": launch, "returncode": 0, "wall_s": 50.0, "marks": mark, "left_behind": [],
             "phases": bench_startup.phase_seconds(mark), "first_step_s": mark["first step"]}  # fmt: skip
 
 
@@ -107,6 +107,10 @@ def test_warm_ups_are_shown_but_not_counted():
     assert "| launch to first step | 42.83 | 41.5 | 1.33 |" in table
     assert "| tokenizer, model, optimizer | 5.23 | 5.21 | 0.02 |" in table
     assert "Triton and TorchInductor caches: each launcher's own, kept between its launches." in table
+    assert "Left running after a launch, and killed before the next: nothing." in table
+    runs[2]["left_behind"] = ["pt_main_thread", "python3"]
+    said = "Left running after a launch, and killed before the next: 0 B: pt_main_thread, python3."
+    assert said in bench_startup.markdown(result)
     assert "Triton and TorchInductor caches: empty at every launch." in bench_startup.markdown(
         result | {"cold_caches": True}
     )
