@@ -76,7 +76,7 @@ SRUNSH_HEALTH_TIMEOUT_S=${SRUNSH_HEALTH_TIMEOUT_S:-60}
 # 124); empty: 10 x the longest step so far, at least 5 min; off: never. Before the first step: 20 min, or more.
 SRUNSH_HANG_TIMEOUT_S=${SRUNSH_HANG_TIMEOUT_S:-}
 # 1: every rank imports its packages whole, as a plain import does (all of Megatron Bridge's model bridges, ModelOpt's
-# plugins); 0: only the modules its training path loads, which starts it sooner (docs/launch.md, "Start-up").
+# plugins); 0: only the modules its training path loads, so its imports end sooner (docs/launch.md, "Start-up").
 SRUNSH_IMPORT_ALL=${SRUNSH_IMPORT_ALL:-0}
 # ---- End of knobs ----------------------------------------------------------------------------------------------
 
