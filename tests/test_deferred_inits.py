@@ -33,13 +33,15 @@ UNNEEDED = (
     "modelopt.torch.nas",
 )
 
-# Nor these, which Megatron Bridge's dataset builders and ModelOpt's distillation plugin import at their top for names
-# an SFT, a VLM or a distillation calls (launcher/imports/deferred_names.py postpones those names). transformers'
-# candidate_generator imports scikit-learn, and with it scipy and pandas, where it is installed (not here).
+# Nor these, which Megatron Bridge's dataset builders, ModelOpt's distillation plugin and Megatron-LM's training loop
+# import at their top for names an SFT, a VLM, a distillation or a refit calls (launcher/imports/deferred_names.py
+# postpones those names). transformers' candidate_generator imports scikit-learn, and with it scipy and pandas, where it
+# is installed (not here).
 NEVER_CALLED = (
     "datasets",
     "pandas",
     "pyarrow",
+    "megatron.core.resharding",
     "megatron.energon",
     "modelopt.torch.quantization",
     "scipy",

@@ -46,6 +46,9 @@ DEFERRED: Mapping[str, frozenset[str]] = {
     "megatron.bridge.data.energon.base_energon_datamodule": frozenset({"EnergonMultiModalDataModule"}),
     # every quantization mode, scipy.stats: ModelOpt's distillation plugin (for an isinstance in a distillation)
     "modelopt.torch.quantization.nn": frozenset({"TensorQuantizer"}),
+    # the resharding package (NVSHMEM copy service, cuda.core): Megatron-LM's training loop, for reinforcement
+    # learning's refit of an inference model
+    "megatron.core.resharding.refit": frozenset({"swap_model_weights"}),
 }
 
 # A relative import is resolved only where its last part is one of theirs
