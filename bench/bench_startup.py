@@ -81,8 +81,9 @@ def imports_by_phase(lines: list[tuple[float, str]]) -> dict[str, dict]:
         if end is not None and MARKERS[end].search(text):
             stretch += 1
         elif module := bench_imports.IMPORTTIME.search(text):
-            found[STRETCHES[stretch][0]]["modules"] += 1
-            found[STRETCHES[stretch][0]]["seconds"][bench_imports.group(module[2])] += int(module[1]) / 1e6
+            phase = found[STRETCHES[stretch][0]]
+            phase["modules"] += 1
+            phase["seconds"][bench_imports.group(module[2])] += int(module[1]) / 1e6
     return found
 
 
@@ -108,7 +109,7 @@ def imports_table(runs: list[dict]) -> list[str]:
             modules, seconds, groups = imports_mean(runs, launch, what)
             cells += [round(modules), round(seconds, 2)]
             top = sorted(groups.items(), key=lambda item: -item[1])[:LARGEST]
-            largest.append(", ".join(f"{name} {seconds:.2f}" for name, seconds in top if seconds >= 0.01) or "-")
+            largest.append(", ".join(f"{name} {spent:.2f}" for name, spent in top if spent >= 0.01) or "-")
         lines.append(report.row([*cells, *largest]))
     return lines
 

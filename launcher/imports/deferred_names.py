@@ -1,7 +1,7 @@
-"""Names that the training stack's modules import at their top for an SFT, a VLM, a distillation or an object detection
-loss, from packages a GPT pretrain never calls (transformers' processors and auto tokenizer, datasets, Megatron
-Energon, ModelOpt's quantization, scipy): each is bound to a stand-in until the first use of any of them, which then
-runs every import so postponed, in the order they were met.
+"""Names that the training stack's modules import at their top for an SFT, a VLM, a distillation, a refit or an object
+detection loss, from packages a GPT pretrain never calls (transformers' processors and auto tokenizer, datasets,
+Megatron Energon, ModelOpt's quantization, megatron.core's resharding, scipy): each is bound to a stand-in until the
+first use of any of them, which then runs every import so postponed, in the order they were met.
 
 `install()` (before the training stack's first import) makes `watching_import` the process's `__import__`. A
 `from SOURCE import NAME`, for a NAME of DEFERRED[SOURCE] that SOURCE has not bound yet, then binds a stand-in where the
