@@ -78,6 +78,10 @@ SRUNSH_HANG_TIMEOUT_S=${SRUNSH_HANG_TIMEOUT_S:-}
 # 1: every rank imports its packages whole, as a plain import does (all of Megatron Bridge's model bridges, ModelOpt's
 # plugins); 0: only the modules its training path loads, so its imports end sooner (docs/launch.md, "Start-up").
 SRUNSH_IMPORT_ALL=${SRUNSH_IMPORT_ALL:-0}
+# A directory that exists on every node's own disk, where each rank keeps its Triton and TorchInductor caches so that
+# the next launch on the node skips compiling its fused kernels again (a container's /tmp is new at every start); the
+# container mounts it. Not on a file system the nodes share, where these caches race; off: in the container's /tmp.
+SRUNSH_COMPILE_CACHE=${SRUNSH_COMPILE_CACHE:-/var/tmp}
 # ---- End of knobs ----------------------------------------------------------------------------------------------
 
 usage() {

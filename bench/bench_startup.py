@@ -3,9 +3,10 @@
 those seconds go. Goal (issue 17): A's time to the first step within 1.03x of B's.
 
 Every console line is timed as it arrives. The breakdown comes from lines both launches print (MARKERS). Rounds run
-A B, then B A; --warmup runs uncounted pairs first, since each launcher keeps kernel caches of its own (srun.sh gives
-every rank its own Triton cache in /tmp). --cold-caches gives every launch empty Triton and TorchInductor caches
-instead, as a rank in a fresh container starts with: what compiling Megatron's fused kernels again costs each launch.
+A B, then B A; --warmup runs uncounted pairs first, since each launcher keeps kernel caches of its own (srun.sh's
+ranks in SRUNSH_COMPILE_CACHE, /var/tmp by default; torch's in /tmp). --cold-caches gives every launch empty Triton and
+TorchInductor caches instead, as a rank in a fresh container started with before SRUNSH_COMPILE_CACHE (and with it
+off): what compiling Megatron's fused kernels again costs each launch.
 --imports runs every launch with PYTHONPROFILEIMPORTTIME=1 and says what each imported in each phase: where an import
 that waits in one launch is paid for later (its times then include importtime's own cost).
 Writes DIR/startup-CASE[-cold][-imports].{md,json} after every launch.

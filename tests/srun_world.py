@@ -87,6 +87,9 @@ LAUNCHER_VARIABLES = (
     "SRUNSH_OUTPUT_ROOT",
     "GLOO_SOCKET_IFNAME",
     "SRUNSH_SRUN_EXTRA_ARGS",
+    "SRUNSH_COMPILE_CACHE",
+    # torch's Inductor sets its cache directory in the environment of a process that compiled (a test's own)
+    *("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR"),
     *("SRUNSH_SAVE_LEAD_S", "SRUNSH_MAX_RETRIES", "SRUNSH_HEALTH", "SRUNSH_HEALTH_TIMEOUT_S", "SRUNSH_HANG_TIMEOUT_S"),
     # The knobs' names before they took the SRUNSH_ prefix (issue 35), which srun.sh names on stderr when they are set.
     *("SQSH", "CONTAINER_NAME", "MOUNT", "PYTHON", "NSYS", "GPUS_PER_NODE", "OUTPUT_ROOT", "SRUN_EXTRA_ARGS", "HEALTH"),

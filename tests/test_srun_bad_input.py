@@ -104,6 +104,16 @@ def cases(world: Path) -> dict[str, Case]:
             ["SRUNSH_IMPORT_ALL=yes is not 0 or 1", "SRUNSH_IMPORT_ALL=1 makes every rank import"],
             env={"SRUNSH_IMPORT_ALL": "yes"},
         ),
+        "compile cache relative": Case(
+            local,
+            ["SRUNSH_COMPILE_CACHE=var/tmp is not off or an absolute path", "SRUNSH_COMPILE_CACHE=/var/tmp"],
+            env={"SRUNSH_COMPILE_CACHE": "var/tmp"},
+        ),
+        "compile cache in pyxis's mount syntax": Case(
+            ["--dry-run", "recipe.py"],
+            ["SRUNSH_COMPILE_CACHE=/nvme/a:/b is not off or an absolute path without spaces, ',' or ':'"],
+            env=image_env(world, SRUNSH_COMPILE_CACHE="/nvme/a:/b"),
+        ),
         "gpus per node with space": Case(
             local, ["SRUNSH_GPUS_PER_NODE=2\\  is not a positive"], env={"SRUNSH_GPUS_PER_NODE": "2 "}
         ),

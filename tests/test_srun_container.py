@@ -15,6 +15,7 @@ with the commit of its script). launcher/host/container.py reads the real plugst
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -306,6 +307,50 @@ def test_with_use_squashfuse_the_steps_stay_unnamed(nodes: Nodes, squashfuse_sit
 
 # pyxis's README: its plugstack line, in a drop-in that the site's plugstack.conf includes.
 PYXIS_README_LINE = "required /usr/local/lib/slurm/spank_pyxis.so\n"
+
+
+def test_a_containers_tmp_is_new_at_every_launch_as_enroot_mounts_it(nodes: Nodes):
+    """What SRUNSH_COMPILE_CACHE is for: the stand-in, like enroot, gives every task a new tmpfs on /tmp, so what a
+    rank leaves there is gone at the next launch."""
+    rank = nodes.world.dir / "rank-leaving-a-file-in-tmp"
+    rank.write_text('#!/bin/sh\nls -A /tmp >"$RUN_DIR/tmp-$RANK.txt"\ntouch "/tmp/left-by-$RUN_ID"\n')
+    rank.chmod(0o755)
+    for _ in range(2):
+        result, _ = nodes.world.in_allocation("recipe.py", salloc=SHARED, env=nodes.env(SRUNSH_PYTHON=str(rank)))
+        assert result.returncode == 0, result.stderr
+
+    first, second = nodes.world.run_dirs()
+    for rank_id in (0, 1):
+        assert not [name for name in (second / f"tmp-{rank_id}.txt").read_text().split() if name.startswith("left")]
+    assert (first / "tmp-0.txt").exists()
+
+
+def test_a_ranks_compiled_kernels_outlive_its_container_in_its_nodes_compile_cache(nodes: Nodes):
+    """Real torch.compile in each rank of two nodes, at two launches: the second launch's ranks hit TorchInductor's
+    FX graph cache, each in its own node's SRUNSH_COMPILE_CACHE (the test nodes' own disks), though their /tmp is
+    new (the test above)."""
+    assert nodes.world.cluster is not None
+    local = nodes.world.cluster.root / "local"  # each node sees its own disk there
+    env = nodes.env(SRUNSH_PYTHON=str(FIXTURES / "compiling_python"), SRUNSH_COMPILE_CACHE=f"{local}/compile-cache")
+    for node in NODES:  # a mount's source exists on every node, as pyxis needs
+        (nodes.world.cluster.hosts[node].local / "compile-cache").mkdir()
+    reports = []
+    try:
+        for _ in range(2):
+            result, _ = nodes.world.in_allocation("recipe.py", salloc=SHARED, env=env, timeout=300)
+            assert result.returncode == 0, result.stderr
+            logs = nodes.world.run_dirs()[-1] / "logs"
+            reports.append([json.loads((logs / f"rank-{r}.log").read_text().splitlines()[-1]) for r in (0, 1)])
+
+        assert [[r["fx_graph_cache"] for r in launch] for launch in reports] == [[{"miss": 1}] * 2, [{"hit": 1}] * 2]
+        folder = f"{local}/compile-cache/srunsh-compile-cache-uid{os.getuid()}/local-rank-0"
+        assert {r["TORCHINDUCTOR_CACHE_DIR"] for r in reports[1]} == {f"{folder}/inductor"}
+        for node in NODES:
+            own = nodes.world.cluster.hosts[node].local / "compile-cache"
+            assert (own / f"srunsh-compile-cache-uid{os.getuid()}" / "local-rank-0" / "inductor" / "fxgraph").is_dir()
+    finally:
+        for node in NODES:
+            shutil.rmtree(nodes.world.cluster.hosts[node].local / "compile-cache", ignore_errors=True)
 
 
 def test_plugstack_include_is_followed_from_the_including_files_folder(tmp_path: Path):

@@ -5,6 +5,8 @@
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.srun_world import HOSTILE_ARGS, REPO, SQUASHFS_MAGIC, SrunWorld
 
 pytest_plugins = ["tests.srun_world"]
@@ -77,7 +79,7 @@ def test_dry_run_with_container_runs_the_checkouts_code_through_mount_in_an_unna
         b"--kill-on-bad-exit=1",
         words[7],
         b"--container-image=" + bytes(image),
-        b"--container-mounts=" + env["SRUNSH_MOUNT"].encode(),
+        b"--container-mounts=" + env["SRUNSH_MOUNT"].encode() + b",/var/tmp:/var/tmp",  # SRUNSH_COMPILE_CACHE's
         b"--container-workdir=/work",
         code + b"/srun.sh",
     ]
@@ -117,6 +119,7 @@ def test_dry_run_gives_pyxis_absolute_paths_for_a_relative_image_and_mount_sourc
     words = bash_words(lines_starting(result.stdout, "srun ")[0])
     assert b"--container-image=" + bytes(srun_world.dir / "img.sqsh") in words
     mounts = f"{REPO}:/workspace/megatron,{srun_world.dir}:/work,{srun_world.dir}/data:/data:ro,tmpfs:/scratch"
+    mounts += ",/var/tmp:/var/tmp"  # SRUNSH_COMPILE_CACHE's default
     assert b"--container-mounts=" + mounts.encode() in words
 
 
@@ -142,3 +145,30 @@ def test_the_import_all_knob_reaches_every_rank_and_the_hosts_own_variable_does_
         result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", env={**env, **knobs})
         assert result.returncode == 0, result.stderr
         assert f"export SRUN_SH_IMPORT_ALL={seen}" in lines_starting(result.stdout, "export ")
+
+
+@pytest.mark.parametrize(
+    ("cache", "added", "shown"),
+    [("off", "", "''"), ("/var/tmp", ",/var/tmp:/var/tmp", "/var/tmp"), ("/nvme/c/", ",/nvme/c:/nvme/c", "/nvme/c")],
+)
+def test_dry_run_mounts_the_compile_cache_at_its_own_path_unless_off(
+    srun_world: SrunWorld, cache: str, added: str, shown: str
+):
+    (srun_world.dir / "img.sqsh").write_bytes(SQUASHFS_MAGIC)
+    mounts = f"{REPO}:/workspace/megatron,{srun_world.dir}:/work"
+    env = {"SRUNSH_SQSH": "img.sqsh", "SRUNSH_MOUNT": mounts, "SRUNSH_COMPILE_CACHE": cache}
+    result = srun_world.srun_sh("--dry-run", "recipe.py", env={**env, "SRUNSH_GPUS_PER_NODE": "1"})
+
+    assert result.returncode == 0, result.stderr
+    assert b"--container-mounts=" + (mounts + added).encode() in bash_words(lines_starting(result.stdout, "srun ")[0])
+    assert f"export SRUN_SH_COMPILE_CACHE={shown}" in lines_starting(result.stdout, "export ")
+
+
+def test_dry_run_does_not_mount_a_compile_cache_the_user_mounts_already(srun_world: SrunWorld):
+    (srun_world.dir / "img.sqsh").write_bytes(SQUASHFS_MAGIC)
+    mounts = f"{REPO}:/workspace/megatron,/var/tmp:/var/tmp,{srun_world.dir}:/work"
+    env = {"SRUNSH_SQSH": "img.sqsh", "SRUNSH_MOUNT": mounts, "SRUNSH_GPUS_PER_NODE": "1"}
+    result = srun_world.srun_sh("--dry-run", "recipe.py", env=env)
+
+    assert result.returncode == 0, result.stderr
+    assert b"--container-mounts=" + mounts.encode() in bash_words(lines_starting(result.stdout, "srun ")[0])

@@ -29,6 +29,7 @@ install_system_packages() {
   command -v docker >/dev/null || missing+=(docker.io) # its CLI packs the build context; no daemon is started
   command -v make >/dev/null || missing+=(make)
   command -v strace >/dev/null || missing+=(strace) # tests/test_srun_processes.py traces a launch
+  command -v g++ >/dev/null || missing+=(g++)       # TorchInductor compiles on the CPU (tests of SRUNSH_COMPILE_CACHE)
   [ ${#missing[@]} -eq 0 ] && return
   [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}: run as root, or install them with: sudo apt-get install ${missing[*]}"
   apt-get update -q

@@ -19,6 +19,7 @@ from launcher.shell_quote import q
 SHOWN = (
     *("NCCL_DEBUG", "OMP_NUM_THREADS", "NCCL_GIN_TYPE", "DEEP_EP_BACKEND", "MASTER_ADDR", "MASTER_PORT", "RUN_ID"),
     *("RUN_DIR", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NSYS", "SRUN_SH_NSYS", "SRUN_SH_IMPORT_ALL"),
+    "SRUN_SH_COMPILE_CACHE",
 )
 # srun.sh's own variables for the ranks, never inherited from the launching host.
 OWN = ("SRUN_SH_IMAGE", "SRUN_SH_JOB_NAME", "SRUN_SH_MOUNT", "SRUN_SH_UNDER_NSYS", "RANK", "LOCAL_RANK")
@@ -38,6 +39,7 @@ def rank_environment(plan: LaunchPlan) -> dict[str, str]:
         "SRUN_SH_NSYS": str(int(plan.nsys)),
         "SRUN_SH_INPROCESS": str(int(plan.inprocess)),
         "SRUN_SH_IMPORT_ALL": str(int(plan.import_all)),
+        "SRUN_SH_COMPILE_CACHE": plan.compile_cache,  # launcher/rank/rank.sh keeps the rank's kernel caches there
     }
     if plan.container:
         env["SRUN_SH_IMAGE"] = plan.image  # named in entrypoint.py's error when the image lacks the stack
@@ -85,7 +87,7 @@ def launch_command(plan: LaunchPlan, program: list[str]) -> list[str]:
     if plan.container:
         command += [
             f"--container-image={plan.image}",
-            f"--container-mounts={plan.container_mounts}",
+            f"--container-mounts={plan.pyxis_mounts}",
             f"--container-workdir={plan.task_workdir}",
         ]
         if plan.container_name:

@@ -47,6 +47,7 @@ class LaunchPlan:
     master_port: str = ""
     inprocess: bool = False
     import_all: bool = False  # the ranks run their packages' inits whole (launcher/imports/deferred_inits.py)
+    compile_cache: str = ""  # SRUNSH_COMPILE_CACHE's directory, one path on the nodes and in the container; "": off
 
     @property
     def world_size(self) -> int:
@@ -61,6 +62,14 @@ class LaunchPlan:
     def rank_run_dir(self) -> str:
         """RUN_DIR as the ranks see it."""
         return f"{self.run_root_in}/{self.run_id}"
+
+    @property
+    def pyxis_mounts(self) -> str:
+        """pyxis's --container-mounts: SRUNSH_MOUNT's, and the compile cache's directory at its own path."""
+        cache = f"{self.compile_cache}:{self.compile_cache}"
+        if not self.compile_cache or cache in self.container_mounts.split(","):
+            return self.container_mounts
+        return f"{self.container_mounts},{cache}"
 
     @property
     def step_name(self) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.assignments import NotAssignmentError, assignment
+from launcher.host.compile_cache import shared_file_system
 from launcher.host.plan import LaunchPlan
 from launcher.shell_quote import q
 
@@ -67,6 +68,11 @@ KNOB_CHECKS: Checks = {
     "SRUNSH_HANG_TIMEOUT_S": (
         lambda value: value in ("", "off") or POSITIVE.fullmatch(value),
         "is not a positive number of seconds: e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default",
+    ),
+    "SRUNSH_COMPILE_CACHE": (
+        lambda value: value == "off" or (value.startswith("/") and not re.search(r"[\s,:]", value)),
+        "is not off or an absolute path without spaces, ',' or ':' (pyxis's mount syntax): name a directory on"
+        " every node's own disk, e.g. SRUNSH_COMPILE_CACHE=/var/tmp",
     ),
 }
 BATCH_KNOB_CHECKS: Checks = {
@@ -377,6 +383,7 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
         gpus = slurm_allocation(gpus, plan)
     check_knobs(KNOB_CHECKS, {**knob, "SRUNSH_GPUS_PER_NODE": gpus})
     plan.ranks_per_node = int(gpus)
+    plan.compile_cache = compile_cache_dir(knob["SRUNSH_COMPILE_CACHE"])
     stem = os.path.basename(recipe).removesuffix(".py") or os.path.basename(recipe)
     plan.run_root = f"{os.path.realpath(knob['SRUNSH_OUTPUT_ROOT'])}/{stem}"
     if plan.container:
@@ -386,6 +393,20 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
     if sbatch_args is not None:
         check_time_limit(sbatch_args, knob["SRUNSH_SAVE_LEAD_S"])
     plan.overrides = [] if plan.health_only else [*words[1:], *default_overrides(plan, words[1:])]
+
+
+def compile_cache_dir(value: str) -> str:
+    """SRUNSH_COMPILE_CACHE's directory ("" when off), refused where the nodes share it (host/compile_cache.py)."""
+    if value == "off":
+        return ""
+    shared = shared_file_system(value, Path("/proc/self/mounts").read_text())
+    if shared:
+        raise BadInputError(
+            f"SRUNSH_COMPILE_CACHE={q(value)} is on {shared}, a file system the nodes share, where Triton's cache"
+            " writes race across nodes and fail ranks: name a directory on every node's own disk, e.g."
+            " SRUNSH_COMPILE_CACHE=/var/tmp, or off"
+        )
+    return os.path.normpath(value)
 
 
 def default_overrides(plan: LaunchPlan, given: list[str]) -> list[str]:

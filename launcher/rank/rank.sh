@@ -63,6 +63,30 @@ export_gloo_interface() {
   [[ -z $interface ]] || export GLOO_SOCKET_IFNAME=$interface
 }
 
+# Triton's and TorchInductor's caches, one folder per rank of a node so that no two ranks race on one: in the node's
+# SRUNSH_COMPILE_CACHE (srun.sh passes it as SRUN_SH_COMPILE_CACHE, "" when off), where the next launch on this node
+# finds the kernels compiled, or else in /tmp. A value the user set wins. The folder is this user's alone: a cache
+# holds shared libraries the rank loads, and the directory is one every user of the node may write in.
+export_compile_caches() {
+  local root=${SRUN_SH_COMPILE_CACHE:-}
+  if [[ -z $root ]]; then
+    export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$RANK}
+    return
+  fi
+  local own=$root/srunsh-compile-cache-uid$UID error mode
+  local dir=$own/local-rank-$LOCAL_RANK
+  error=$(umask 077 && mkdir -p -- "$dir" 2>&1) ||
+    rank_fails "rank $RANK on $(uname -n) cannot create its compile cache $(printf %q "$dir") (${error##*: }):" \
+      "SRUNSH_COMPILE_CACHE must be a writable directory on every node, or off"
+  mode=$(stat -c %a -- "$own")
+  if [[ -L $own || ! -O $own ]] || ((8#$mode & 8#022)); then
+    rank_fails "compile cache $(printf %q "$own") on $(uname -n) is not this user's alone (owner" \
+      "$(stat -c %U -- "$own"), mode $mode): remove it, or set SRUNSH_COMPILE_CACHE to another directory, or off"
+  fi
+  export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$dir/triton}
+  export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$dir/inductor}
+}
+
 # Console lines get the rank as label; the rank's log gets them as they are, each line in one write, so that a line of
 # stdout and one of stderr never splice in the log (an unbuffered python writes a line's text and its newline apart).
 # Both outlive a SIGTERM to the step, so the rank's last words are kept.
@@ -83,14 +107,14 @@ main() {
   # srun.sh's hang report signals every process of the step (SIGUSR2): only the rank answers (launcher/hang/dumps.py)
   # and the rest, this shell and its log writers among them, ignore it, as the rank does until it answers.
   trap '' USR2
-  export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$RANK}             # per rank: no compile-cache races
-  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions_$RANK} # per rank, likewise
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions_$RANK} # per rank: no build races
   RANK_LOG=$RUN_DIR/logs/rank-$RANK.log
   local error
   error=$(umask 077 && mkdir -p -- "$RUN_DIR/logs" 2>&1) ||
     die "rank $RANK on $(uname -n) cannot write its log in $(printf %q "$RUN_DIR/logs") (${error##*: }):" \
       "SRUNSH_OUTPUT_ROOT must be writable on every node"
   check_rank_gpu
+  export_compile_caches
   export_gloo_interface
 
   local out err status=0
