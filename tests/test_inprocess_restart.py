@@ -331,7 +331,7 @@ def test_local_rank_that_raises_restarts_in_place_and_the_launch_says_so_once(sr
 
 def test_local_rank_that_fails_every_iteration_ends_the_launch_as_today_when_nvrx_gives_up(srun_world: SrunWorld):
     world = inprocess_world(srun_world)
-    env = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_RAISE_ALWAYS": "1@2", "FAKE_STEPS": "4"}
+    env = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_RAISE_ALWAYS": "1@3", "FAKE_STEPS": "4"}
     limit = "inprocess_restart.max_iterations=2"
     result = world.srun_sh(
         "--local", "recipe.py", ON, "inprocess_restart.granularity=rank", limit, *FAST, env=env, timeout=180
@@ -340,7 +340,9 @@ def test_local_rank_that_fails_every_iteration_ends_the_launch_as_today_when_nvr
     assert result.returncode != 0
     report = [line for line in result.stderr.splitlines() if line.startswith("srun.sh: rank")]
     assert len(report) == 1 and "failed first, with exit status 1" in report[0], result.stderr[-3000:]
-    # max_iterations=2: iteration 0 fails at step 2, iteration 1 completes step 1 and fails too, and NVRx gives up
+    # max_iterations=2: iteration 0 fails at step 3, iteration 1 completes steps 1 and 2 and fails too, and NVRx gives
+    # up. Rank 0 writes the restart's line when step 1 completes; rank 1 can raise at step 3 only after step 2's
+    # all-reduce, which rank 0 joins after writing it (a raise at step 2 raced the line: NVRx interrupted rank 0)
     restarts = (world.run_dirs()[0] / "restarts.log").read_text().splitlines()
     assert len(restarts) == 1 and "step 1 completed" in restarts[0]
 
