@@ -2,7 +2,11 @@
 timed console of each launch reads as seconds to each marker and to each phase, and A/B is the time to the first step
 of each round."""
 
+import compileall
+import importlib.util
 import inspect
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +100,7 @@ def test_warm_ups_are_shown_but_not_counted():
         "versions": "torch 2.11.0",
         "goal": 1.03,
         "cold_caches": False,
+        "bytecode": {"torch": [2141, 2141], "megatron": [1400, 1484]},
         "commands": {"A": ["srun.sh"], "B": ["torchrun"]},
         "runs": runs,
         "first_step_a_over_b": launches.per_round(runs, "first_step_s"),
@@ -108,6 +113,8 @@ def test_warm_ups_are_shown_but_not_counted():
     assert "| launch to first step | 42.83 | 41.5 | 1.33 |" in table
     assert "| tokenizer, model, optimizer | 5.23 | 5.21 | 0.02 |" in table
     assert "Triton and TorchInductor caches: each launcher's own, kept between its launches." in table
+    bytecode = "Bytecode cached for 3,541 of 3,625 .py files of the stack (torch 2,141/2,141, megatron 1,400/1,484)"
+    assert bytecode in table
     assert "Left running after a launch, and killed before the next: nothing." in table
     runs[2]["left_behind"] = ["pt_main_thread", "python3"]
     said = "Left running after a launch, and killed before the next: 0 B: pt_main_thread, python3."
@@ -115,6 +122,24 @@ def test_warm_ups_are_shown_but_not_counted():
     assert "Triton and TorchInductor caches: empty at every launch." in bench_startup.markdown(
         result | {"cold_caches": True}
     )
+
+
+def test_the_bytecode_census_counts_each_module_whose_pyc_this_interpreter_would_load(tmp_path: Path, monkeypatch):
+    """The standard library's json package, copied without its bytecode: none cached, then all once compileall has
+    run, then all but the one whose .pyc is removed; and this environment's stack, which pip compiled as it
+    installed it."""
+    copy = tmp_path / "json_copy"
+    shutil.copytree(Path(json.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    files = len(list(copy.rglob("*.py")))
+
+    assert bench_startup.bytecode_cached(("json_copy",)) == {"json_copy": [0, files]}
+    compileall.compile_dir(copy, quiet=1)
+    assert bench_startup.bytecode_cached(("json_copy",)) == {"json_copy": [files, files]}
+    Path(importlib.util.cache_from_source(str(copy / "decoder.py"))).unlink()
+    assert bench_startup.bytecode_cached(("json_copy", "no_such_package")) == {"json_copy": [files - 1, files]}
+    stack = bench_startup.bytecode_cached()
+    assert set(stack) == set(bench_startup.STACK) and all(cached == total > 100 for cached, total in stack.values())
 
 
 def test_a_cold_launch_hands_its_rank_empty_caches_of_its_own(srun_world: SrunWorld, tmp_path: Path):
