@@ -4,7 +4,9 @@ launch, or a changed image, never gets it; use_squashfuse=1 in pyxis's plugstack
 
 No pyxis can be built where CI runs (its source and enroot's are on GitHub only; neither is a Debian or PyPI
 package), so the steps run under tests/fixtures/pyxis_lifecycle: a stand-in for pyxis 0.24's container lifecycle
-(an unnamed container per step, created and removed; a named one created by the first step that lacks it and kept),
+(an unnamed container per step, created and removed; a named one created by the first step that lacks it and kept;
+every task on a new tmpfs at /tmp, with the step's mounts over it, as enroot v4.1.2's conf/mounts/10-system.fstab
+mounts one),
 which keeps each node's containers as folders on that node's own disk and logs every create, start and remove.
 srun.sh's own removal step runs the stand-in's `enroot list` / `enroot remove -f`. What the stand-in models was
 checked against a real pyxis 0.24.0 + enroot 4.1.2 on this test cluster (bench/results/container-start.md,
