@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from launcher.host.compile_cache import SHARED_TYPES, file_system_type, mount_table, shared_file_system
@@ -129,16 +129,17 @@ def host_directories() -> list[str]:
     return sorted(found)
 
 
-def findmnt_type(path: str) -> str:
-    """util-linux's answer: the type of the file system that holds PATH (of mounts stacked there, the last, on top)."""
-    done = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", path], capture_output=True, text=True, check=False)
+def findmnt(path: str, column: str) -> str:
+    """util-linux's answer: COLUMN (FSTYPE, TARGET) of the mount that holds PATH (of mounts stacked there, the last,
+    on top); "" where it sees none."""
+    done = subprocess.run(["findmnt", "-n", "-o", column, "-T", path], capture_output=True, text=True, check=False)
     return (done.stdout.split() or [""])[-1]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(host_directories()))
 def test_the_file_system_of_a_directory_of_this_host_is_the_one_findmnt_names(path: str):
-    expected = findmnt_type(path)
+    expected = findmnt(path, "FSTYPE")
     if expected:  # findmnt names none for a path under a mount point it cannot see (another namespace's)
         assert file_system_type(os.path.realpath(path), mount_table(MOUNTS)) == expected
 
@@ -149,7 +150,8 @@ def test_a_directory_on_a_shared_file_system_or_below_one_is_named_with_that_typ
     folder below it, existing or not, are on it; / stays local when PATH is not on the root's mount."""
     path = os.path.realpath(path)
     table = mount_table(MOUNTS)
-    holder = max((p for p, _ in table if path == p or path.startswith(p.rstrip("/") + "/") or p == "/"), key=len)
+    holder = findmnt(path, "TARGET")
+    assume(holder in {point for point, _ in table})  # findmnt sees it, under a name without escapes
     lines = MOUNTS.splitlines()
     index = max(i for i, (point, _) in enumerate(table) if point == holder)
     fields = lines[index].split(" ")
