@@ -113,6 +113,19 @@ class SlurmCluster:
             return ["no answer from slurmctld"]
         return result.stdout.split()
 
+    def job_listed(self, job: str) -> bool:
+        """Whether squeue still lists `job`. squeue fails the same way for a job slurmctld has purged (MinJobAge) and
+        for an answer that came too late on a loaded machine; only the first means the job is gone."""
+        deadline = time.monotonic() + 120
+        while True:
+            result = self.run(["squeue", "--noheader", "--jobs", job], timeout=60)
+            if result.returncode == 0:
+                return bool(result.stdout.strip())
+            if "Invalid job id" in result.stderr:
+                return False
+            assert time.monotonic() < deadline, f"squeue kept failing: {result.stderr}"
+            time.sleep(0.5)
+
     def job_ids(self) -> list[str]:
         return self.run(["squeue", "--noheader", "--format=%i"], timeout=10).stdout.split()
 

@@ -221,7 +221,7 @@ def test_a_batch_job_removes_each_launchs_container_before_it_requeues_at_its_ti
     job = submitted.stdout.split()[4].rstrip(":")
     time_limit_signal_when(nodes, job, when)
     deadline = time.monotonic() + 180
-    while nodes.world.on_login_node(["squeue", "--noheader", "--jobs", job]).stdout.strip():
+    while nodes.world.cluster.job_listed(job):
         assert time.monotonic() < deadline, nodes.all_events()
         time.sleep(1)
 

@@ -271,11 +271,22 @@ def wait_past_step(world: SrunWorld, step: int, timeout: float = 60) -> None:
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
-def report_now(world: SrunWorld, ranks_per_node: int) -> tuple[str, str]:
-    """The hang report of the running job, made from the login node as srun.sh makes it at a stop; its console lines
-    and its file. The job goes on."""
-    steps = world.on_login_node(["squeue", "--noheader", "--steps", "--format=%i %j"]).stdout.split("\n")
-    (step,) = [line.split()[0] for line in steps if " srunsh-" in line]
+def training_step_id(world: SrunWorld, timeout: float = 30) -> str:
+    """The SLURM step id of srun.sh's training step. squeue is asked again while it shows none: on a loaded machine
+    slurmctld can miss squeue's timeout, and squeue then prints nothing on stdout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = world.on_login_node(["squeue", "--noheader", "--steps", "--format=%i %j"])
+        steps = [line.split()[0] for line in result.stdout.split("\n") if " srunsh-" in line]
+        if len(steps) == 1:
+            return steps[0]
+        assert time.monotonic() < deadline, f"no one srunsh step in squeue: {result.stdout!r} {result.stderr!r}"
+        time.sleep(0.5)
+
+
+def report_now(world: SrunWorld, step: str, ranks_per_node: int) -> tuple[str, str]:
+    """The hang report of the running job's step `step`, made from the login node as srun.sh makes it at a stop; its
+    console lines and its file. The job goes on."""
     (run_dir,) = world.run_dirs()
     arguments = ["--world-size", str(2 * ranks_per_node), "--nodes", "node1,node2"]
     command = [
@@ -306,9 +317,10 @@ def test_reports_at_random_moments_of_a_progressing_job_blame_nobody(slurm_world
     )
     try:
         wait_past_step(slurm_world, 10)
+        step = training_step_id(slurm_world)
         for _ in range(5):
             time.sleep(chooser.uniform(0.0, 1.0))
-            assert_blames_nobody(*report_now(slurm_world, ranks_per_node=4))
+            assert_blames_nobody(*report_now(slurm_world, step, ranks_per_node=4))
         time.sleep(chooser.uniform(0.0, 1.0))
     except BaseException:
         proc.kill()

@@ -127,7 +127,7 @@ def test_batch_job_with_health_requeues_itself_without_the_failing_node(slurm_wo
     assert submitted.returncode == 0, submitted.stderr
     job = re.search(r"batch job (\d+)", submitted.stdout).group(1)
     deadline = time.monotonic() + 240
-    while slurm_world.cluster.run(["squeue", "--noheader", "--jobs", job]).stdout.strip():
+    while slurm_world.cluster.job_listed(job):
         assert time.monotonic() < deadline, "the job did not end"
         time.sleep(1)
 
