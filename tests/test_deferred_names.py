@@ -6,6 +6,7 @@ hypothesis writes, every name the module's uses allow to wait behaves as the rea
 import builtins
 import importlib
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -87,6 +88,36 @@ def test_every_shipped_recipe_resolves_the_same_config_postponed_or_whole(run_en
     shape = hf_models.RECIPE_SHAPES[recipe]
     arguments = [f"hf_path={hf_dir(shape)}"] if shape else []
     assert_same_config(run_entrypoint, str(REPO / "recipes" / f"{recipe}.py"), *arguments)
+
+
+# A rank's --check, then the syntax trees alive in the process (gc sees every tracked object).
+TREES_LEFT = r"""
+import ast, contextlib, gc, io, sys
+import entrypoint
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    assert entrypoint.main([sys.argv[1], "--check"]) == 0
+gc.collect()
+print(sum(type(o).__module__ == "ast" for o in gc.get_objects()))
+"""
+
+
+def test_a_rank_keeps_no_more_syntax_trees_than_a_plain_import_leaves():
+    """The files read to postpone names are not kept parsed: a full garbage collection, which Megatron-FSDP's set-up
+    and Megatron Bridge's training loop run, walks every object the rank holds."""
+    trees = {}
+    for import_all in ("1", "0"):
+        done = subprocess.run(
+            [sys.executable, "-c", TREES_LEFT, str(REPO / "recipes" / "tiny_gpt_pretrain.py")],
+            cwd=REPO,
+            env={**os.environ, "SRUN_SH_IMPORT_ALL": import_all},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        trees[import_all] = int(done.stdout.split()[-1])
+    assert trees["0"] <= trees["1"], f"syntax tree nodes alive, postponed {trees['0']}, plain import {trees['1']}"
 
 
 # Programs hypothesis writes: a module imports a class or a function from a source module nothing imported yet, uses

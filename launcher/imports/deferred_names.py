@@ -154,7 +154,7 @@ def watching_import(
     module = STATE.plain_import(name, globals, locals, rest, level) if rest else None
     stand_ins = {n: StandIn(source, n) for n in postponed}
     with STATE.lock:
-        for alias, imported in aliases(str(globals["__file__"]), source, package_of(globals)).items():
+        for alias, imported in from_source(str(globals["__file__"]), source, package_of(globals)).aliases.items():
             if imported in stand_ins:
                 STATE.postponed.append(Postponed(source, imported, globals, alias, stand_ins[imported]))
     return SourceView(source, stand_ins, module)
@@ -184,7 +184,7 @@ def postponable(source: str | None, namespace: dict[str, object] | None, fromlis
     file = (namespace or {}).get("__file__")
     if not (fromlist and isinstance(file, str) and file.endswith(".py") and STATE.deferring and findable(source)):
         return []
-    answered_names = DEFERRED[source] & uses_answered(file, source, package_of(namespace))
+    answered_names = DEFERRED[source] & from_source(file, source, package_of(namespace)).answered
     return [name for name in fromlist if name in answered_names and not bound(source, name)]
 
 
@@ -206,13 +206,29 @@ def install() -> None:
         builtins.__import__ = watching_import
 
 
+@dataclass(frozen=True)
+class FromSource:
+    """What a file imports from SOURCE, as the postponing needs it."""
+
+    aliases: dict[str, str]  # ALIAS -> NAME of its `from SOURCE import NAME as ALIAS` statements
+    answered: frozenset[str]  # the NAMEs whose every use in the file a stand-in answers (`uses_answered`)
+
+
 @cache
-def aliases(source_file: str, source: str, package: str | None) -> dict[str, str]:
+def from_source(source_file: str, source: str, package: str | None) -> FromSource:
+    """What the file imports from SOURCE (a relative import resolved against PACKAGE). Its syntax tree is not kept:
+    that of a large module is some 10^5 objects, which every full garbage collection of the rank would walk."""
+    tree = ast.parse(Path(source_file).read_bytes())
+    imported = aliases(tree, source, package)
+    return FromSource(imported, uses_answered(tree, imported, source, package))
+
+
+def aliases(tree: ast.Module, source: str, package: str | None) -> dict[str, str]:
     """ALIAS -> NAME of the file's `from SOURCE import NAME as ALIAS` statements (top level or not; a relative one
     resolved against PACKAGE)."""
     return {
         alias.asname or alias.name: alias.name
-        for node in ast.walk(parsed(source_file))
+        for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and imported_from(node, package) == source
         for alias in node.names
     }
@@ -223,13 +239,11 @@ def imported_from(node: ast.ImportFrom, package: str | None) -> str | None:
     return node.module if node.level == 0 else absolute(node.module or "", node.level, package)
 
 
-@cache
-def uses_answered(source_file: str, source: str, package: str | None) -> frozenset[str]:
-    """The NAMEs the file imports from SOURCE whose every use a stand-in answers as NAME would: `ALIAS.attribute`,
-    `ALIAS(...)`, `isinstance(x, ALIAS)` or `issubclass(x, ALIAS)` (alone or in a tuple). A NAME bound another way
-    too, used any other way (compared, passed on, subclassed, caught, in an annotation), or in `__all__` is not."""
-    tree = parsed(source_file)
-    imported = aliases(source_file, source, package)
+def uses_answered(tree: ast.Module, imported: dict[str, str], source: str, package: str | None) -> frozenset[str]:
+    """The NAMEs the file imports from SOURCE (IMPORTED: ALIAS -> NAME) whose every use a stand-in answers as NAME
+    would: `ALIAS.attribute`, `ALIAS(...)`, `isinstance(x, ALIAS)` or `issubclass(x, ALIAS)` (alone or in a tuple). A
+    NAME bound another way too, used any other way (compared, passed on, subclassed, caught, in an annotation), or in
+    `__all__` is not."""
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     unanswered = set(spelled_in_all(tree)) | set(bound_otherwise(tree, source, package))
     for node in ast.walk(tree):
@@ -289,8 +303,3 @@ def bound_otherwise(tree: ast.Module, source: str, package: str | None) -> list[
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             names.extend(node.names)
     return names
-
-
-@cache
-def parsed(source_file: str) -> ast.Module:
-    return ast.parse(Path(source_file).read_bytes())
