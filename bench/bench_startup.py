@@ -1,6 +1,7 @@
 """Start-up time: seconds from the launch command to the first logged training step, for our launch (A: srun.sh
 --local) and the upstream launch (B: torchrun + bench/upstream_pretrain.py) on the same recipe and overrides, and where
-those seconds go. Goal (issue 17): A's time to the first step within 1.03x of B's.
+those seconds go. Goal (issue 48): A's time to the first step at most 0.80x B's (the median over the rounds), and
+below 0.90x in every round.
 
 Every console line is timed as it arrives. The breakdown comes from lines both launches print (MARKERS). Rounds run
 A B, then B A; --warmup runs uncounted pairs first, since each launcher keeps kernel caches of its own (srun.sh's
@@ -35,6 +36,7 @@ MARKERS = {
     "data built": re.compile(r"\[after dataloaders are built\]"),
     "first step": megatron_log.ITERATION,
 }
+GOAL = {"median": 0.8, "every round": 0.9}  # A/B time to first step
 # Where the seconds go: (what, from marker, to marker); None is the launch command's start.
 PHASES = (
     ("launcher, interpreter, imports, recipe build, overrides and checks", None, "config built"),
@@ -180,7 +182,8 @@ def markdown(result: dict) -> str:
         lines.append(report.row([*cells, *(run["marks"][name] for name in names)]))
     ratios = result["first_step_a_over_b"]
     lines += ["", f"A/B time to first step per round: {', '.join(map(str, ratios)) or '-'}; {launches.spread(ratios)}"]
-    lines += [f"(goal: at most {result['goal']}).", ""]
+    goal = result["goal"]
+    lines += [f"(goal: median at most {goal['median']}, every round below {goal['every round']}).", ""]
     left = [
         f"{label(run)} {run['launch']}: {', '.join(run['left_behind'])}" for run in result["runs"] if run["left_behind"]
     ]
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     launches.stop_on_sigterm()
     recipe, overrides = case_command(args.case, args.gpus, args.layers)
     commands = {"A": launches.ours(recipe, *overrides), "B": launches.upstream(recipe, *overrides, gpus=args.gpus)}
-    result = {**launches.result_header(args.case, args.gpus, commands), "goal": 1.03, "runs": []}
+    result = {**launches.result_header(args.case, args.gpus, commands), "goal": GOAL, "runs": []}
     result["cold_caches"], result["imports"] = args.cold_caches, args.imports
     result["bytecode"] = bytecode_cached()
     name = f"startup-{args.case}" + ("-cold" if args.cold_caches else "") + ("-imports" if args.imports else "")
