@@ -11,7 +11,8 @@ starts, as this host sees it; the nodes mount the same paths in a homogeneous cl
 from __future__ import annotations
 
 import os
-import re
+
+from launcher.host.mounts import file_system_type, mount_table
 
 # Kernel names (the third field of /proc/self/mounts) of file systems that many hosts mount at once.
 SHARED_TYPES = frozenset(
@@ -22,28 +23,6 @@ SHARED_TYPES = frozenset(
         *("fuse.rclone", "fuse.weka", "fuse.cephfs", "fuse.ceph-fuse", "fuse.lustre", "fuse.alluxio-fuse"),
     }
 )
-ESCAPED = re.compile(r"\\([0-7]{3})")  # the kernel writes space, tab, newline and backslash in a path as \ooo
-
-
-def mount_table(text: str) -> list[tuple[str, str]]:
-    """Each line of /proc/self/mounts TEXT as (mount point, file system type), in the kernel's order."""
-    table = []
-    for line in text.splitlines():
-        fields = line.split(" ")
-        if len(fields) >= 3:
-            table.append((ESCAPED.sub(lambda m: chr(int(m.group(1), 8)), fields[1]), fields[2]))
-    return table
-
-
-def file_system_type(path: str, table: list[tuple[str, str]]) -> str:
-    """The type of the file system that holds PATH (absolute, symlinks resolved), or would hold it once created:
-    the mount at the longest mount point above it, the last one mounted there."""
-    found, depth = "", -1
-    for point, kind in table:
-        inside = point in ("/", path) or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= depth:
-            found, depth = kind, len(point)
-    return found
 
 
 def shared_file_system(directory: str, mounts_text: str) -> str:

@@ -5,7 +5,6 @@ BadInputError, whose message names it and its fix; otherwise `preflight` gives t
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import re
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from launcher.assignments import NotAssignmentError, assignment
 from launcher.host.compile_cache import shared_file_system
+from launcher.host.mounts import Mount, container_path, mount_of, split_mount
 from launcher.host.plan import LaunchPlan
 from launcher.shell_quote import q
 
@@ -108,21 +108,6 @@ def parse_options(words: list[str], batch_job: bool = False) -> tuple[LaunchPlan
             )
         vars(plan).update(SWITCHES[word])
     return plan, words
-
-
-@dataclasses.dataclass
-class Mount:
-    src: str
-    dst: str
-    flags: str
-
-    @property
-    def holds_paths(self) -> bool:
-        return self.src not in ("tmpfs", "umount")
-
-    @property
-    def real(self) -> str:
-        return os.path.realpath(self.src)
 
 
 def environment_knobs(knobs: list[str], plan: LaunchPlan) -> None:
@@ -243,13 +228,6 @@ def fields(text: str, separator: str) -> list[str]:
     return line.removesuffix(separator).split(separator) if line else []
 
 
-def split_mount(entry: str) -> tuple[str, str, str, bool]:
-    """An SRUNSH_MOUNT entry's SRC, DST and FLAGS, and whether more fields follow, as bash's read splits it (IFS=:):
-    a ":" that ends the entry ends its last field."""
-    src, dst, flags, rest = [*entry.split(":", 3), "", "", ""][:4]
-    return src, dst, flags, rest not in ("", ":")
-
-
 def parse_mounts(spec: str) -> list[Mount]:
     """SRUNSH_MOUNT's entries. pyxis takes a source that starts with neither / nor ./ for neither a path nor anything
     else, and refuses the whole step on every node, so relative sources are made absolute here."""
@@ -270,22 +248,6 @@ def parse_mounts(spec: str) -> list[Mount]:
             mount.src = os.path.abspath(src)
         mounts.append(mount)
     return mounts
-
-
-def mount_of(mounts: list[Mount], path: str) -> Mount | None:
-    """The SRUNSH_MOUNT entry whose source holds PATH, the longest such (the first of equals)."""
-    holding = [
-        m for m in mounts if m.holds_paths and (path == m.real or path.startswith(f"{m.real}/") or m.real == "/")
-    ]
-    return max(holding, key=lambda mount: len(mount.real), default=None)
-
-
-def container_path(mounts: list[Mount], path: str) -> str | None:
-    """PATH's name inside the container; None when no SRUNSH_MOUNT entry holds it."""
-    mount = mount_of(mounts, path)
-    if mount is None:
-        return None
-    return mount.dst.rstrip("/") + path if mount.real == "/" else mount.dst + path[len(mount.real) :]
 
 
 def in_container(mounts: list[Mount], what: str, path: str, spec: str) -> str:
