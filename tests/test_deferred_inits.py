@@ -253,10 +253,11 @@ print(json.dumps(said))
 """
 
 
-def start_rank(import_all: str) -> subprocess.CompletedProcess[str]:
-    """The rank with its inits deferred (SRUN_SH_IMPORT_ALL=0) also compiles; the other only starts."""
+def run_program(program: str, *args: str, import_all: str) -> subprocess.CompletedProcess[str]:
+    """`python -c PROGRAM ARGS` in the checkout, with the packages' inits whole (IMPORT_ALL "1", as entrypoint.py
+    reads SRUN_SH_IMPORT_ALL) or deferred ("0")."""
     return subprocess.run(
-        [sys.executable, "-c", RANK, *(["compile"] if import_all == "0" else [])],
+        [sys.executable, "-c", program, *args],
         cwd=REPO,
         env={**os.environ, "SRUN_SH_IMPORT_ALL": import_all},
         capture_output=True,
@@ -264,6 +265,11 @@ def start_rank(import_all: str) -> subprocess.CompletedProcess[str]:
         timeout=300,
         check=False,
     )
+
+
+def start_rank(import_all: str) -> subprocess.CompletedProcess[str]:
+    """The rank with its inits deferred (SRUN_SH_IMPORT_ALL=0) also compiles; the other only starts."""
+    return run_program(RANK, *(["compile"] if import_all == "0" else []), import_all=import_all)
 
 
 def rank(once, import_all: str) -> dict:

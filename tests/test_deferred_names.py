@@ -6,7 +6,6 @@ hypothesis writes, every name the module's uses allow to wait behaves as the rea
 import builtins
 import importlib
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 
 from launcher.imports import deferred_names
 from tests import hf_models
-from tests.test_deferred_inits import assert_same_config
+from tests.test_deferred_inits import assert_same_config, run_program
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -106,15 +105,7 @@ def test_a_rank_keeps_no_more_syntax_trees_than_a_plain_import_leaves():
     and Megatron Bridge's training loop run, walks every object the rank holds."""
     trees = {}
     for import_all in ("1", "0"):
-        done = subprocess.run(
-            [sys.executable, "-c", TREES_LEFT, str(REPO / "recipes" / "tiny_gpt_pretrain.py")],
-            cwd=REPO,
-            env={**os.environ, "SRUN_SH_IMPORT_ALL": import_all},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        done = run_program(TREES_LEFT, str(REPO / "recipes" / "tiny_gpt_pretrain.py"), import_all=import_all)
         assert done.returncode == 0, done.stderr[-3000:]
         trees[import_all] = int(done.stdout.split()[-1])
     assert trees["0"] <= trees["1"], f"syntax tree nodes alive, postponed {trees['0']}, plain import {trees['1']}"
