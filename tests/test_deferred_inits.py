@@ -36,7 +36,7 @@ UNNEEDED = (
 # Nor these, which Megatron Bridge's dataset builders, ModelOpt's distillation plugin and Megatron-LM's training loop
 # import at their top for names an SFT, a VLM, a distillation or a refit calls (launcher/imports/deferred_names.py
 # postpones those names). transformers' candidate_generator imports scikit-learn, and with it scipy and pandas, where it
-# is installed (not here).
+# is installed (here: versions.txt's [test]); every hf_path recipe imports candidate_generator.
 NEVER_CALLED = (
     "datasets",
     "pandas",
@@ -45,6 +45,7 @@ NEVER_CALLED = (
     "megatron.energon",
     "modelopt.torch.quantization",
     "scipy",
+    "sklearn",
     "torchvision",
     "transformers.generation.candidate_generator",
     "transformers.processing_utils",

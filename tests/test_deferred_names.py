@@ -280,3 +280,37 @@ def test_names_a_relative_import_names_wait_too_and_the_first_call_gets_the_real
         "assignment": [[0, 1], [1, 0]],
         "real": [True, True],
     }
+
+
+# transformers' assisted generation (which its auto model factory imports, so every hf_path rank) binds scikit-learn's
+# roc_curve at its top: it waits, with none of scikit-learn, scipy or pandas imported, and the first call gets
+# scikit-learn's answer on a labelled score list that scikit-learn's own documentation uses.
+ASSISTED = r"""
+import json, sys
+from launcher.imports import deferred_names
+deferred_names.install()
+from transformers.generation import candidate_generator
+said = {
+    "waiting": type(candidate_generator.roc_curve).__name__,
+    "imported": sorted(m for m in ("sklearn", "scipy", "pandas") if m in sys.modules),
+}
+curve = candidate_generator.roc_curve([1, 1, 2, 2], [0.1, 0.4, 0.35, 0.8], pos_label=2)
+import sklearn.metrics
+said["curve"] = [values.tolist() for values in curve]
+said["real"] = candidate_generator.roc_curve is sklearn.metrics.roc_curve
+print(json.dumps(said))
+"""
+
+
+def test_assisted_generations_roc_curve_waits_and_the_first_call_gets_scikit_learns_answer():
+    done = subprocess.run(
+        [sys.executable, "-c", ASSISTED], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said == {
+        "waiting": "StandIn",
+        "imported": [],
+        "curve": [[0.0, 0.0, 0.5, 0.5, 1.0], [0.0, 0.5, 0.5, 1.0, 1.0], [float("inf"), 0.8, 0.4, 0.35, 0.1]],
+        "real": True,
+    }

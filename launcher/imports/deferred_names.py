@@ -1,7 +1,8 @@
-"""Names that the training stack's modules import at their top for an SFT, a VLM, a distillation, a refit or an object
-detection loss, from packages a GPT pretrain never calls (transformers' processors and auto tokenizer, datasets,
-Megatron Energon, ModelOpt's quantization, megatron.core's resharding, scipy): each is bound to a stand-in until the
-first use of any of them, which then runs every import so postponed, in the order they were met.
+"""Names that the training stack's modules import at their top for an SFT, a VLM, a distillation, a refit, an object
+detection loss or assisted generation, from packages a GPT pretrain never calls (transformers' processors and auto
+tokenizer, datasets, Megatron Energon, ModelOpt's quantization, megatron.core's resharding, scipy, scikit-learn): each
+is bound to a stand-in until the first use of any of them, which then runs every import so postponed, in the order they
+were met.
 
 `install()` (before the training stack's first import) makes `watching_import` the process's `__import__`. A
 `from SOURCE import NAME`, for a NAME of DEFERRED[SOURCE] that SOURCE has not bound yet, then binds a stand-in where the
@@ -37,6 +38,9 @@ DEFERRED: Mapping[str, frozenset[str]] = {
     "transformers": frozenset({"AutoImageProcessor", "AutoProcessor", "AutoTokenizer", "Qwen3VLProcessor"}),
     # scipy, torchvision: transformers' object detection losses, which its modeling_utils imports
     "scipy.optimize": frozenset({"linear_sum_assignment"}),
+    # scikit-learn where it is installed, and with it most of scipy and pandas (2.7 s of a rank's start on the H100):
+    # transformers' assisted generation, which its auto model factory imports, so every hf_path recipe
+    "sklearn.metrics": frozenset({"roc_curve"}),
     "transformers.image_transforms": frozenset({"center_to_corners_format"}),
     # pandas, pyarrow: Megatron Bridge's Hugging Face dataset source
     "datasets": frozenset({"concatenate_datasets", "load_dataset"}),
