@@ -106,10 +106,10 @@ wants_help() {
 
 # What every rank inherits for EFA and NCCL; a value the user already set wins. README's "Network environment" says
 # why each EFA-era variable of the seed is left out (current libfabric and aws-ofi-nccl set or no longer need them),
-# and CUDA_DEVICE_MAX_CONNECTIONS is entrypoint.py's to set, per job.
+# CUDA_DEVICE_MAX_CONNECTIONS is entrypoint.py's to set, per job, and OMP_NUM_THREADS launcher/host/command.py's, by the
+# ranks a node.
 export_network_env() {
   export NCCL_DEBUG=${NCCL_DEBUG:-WARN}           # NCCL errors and warnings only; INFO shows the EFA/GIN setup
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # one process per GPU already: no CPU oversubscription
   export NCCL_GIN_TYPE=${NCCL_GIN_TYPE:-2}        # DeepEP's GIN via the proxy path (5, EFA GDA: docs/network.md)
   export DEEP_EP_BACKEND=${DEEP_EP_BACKEND:-nccl} # DeepEP dispatch/combine over NCCL GIN, not NVSHMEM
 }

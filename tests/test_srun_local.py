@@ -87,7 +87,6 @@ def test_network_defaults_reach_ranks_but_user_values_win_and_cuda_connections_s
     rank_env = srun_world.records()[0]["env"]
     assert rank_env["NCCL_DEBUG"] == "INFO"
     assert rank_env["TRITON_CACHE_DIR"] == "/tmp/shared-triton"
-    assert rank_env["OMP_NUM_THREADS"] == "1"
     assert rank_env["NCCL_GIN_TYPE"] == "2"
     assert rank_env["DEEP_EP_BACKEND"] == "nccl"
     assert rank_env["TORCH_EXTENSIONS_DIR"] == "/tmp/torch_extensions_0"
@@ -102,6 +101,23 @@ def test_network_defaults_reach_ranks_but_user_values_win_and_cuda_connections_s
         "GLOO_SOCKET_IFNAME",
     ):
         assert obsolete not in rank_env
+
+
+@pytest.mark.parametrize(
+    ("gpus", "user", "seen"), [("1", None, None), ("2", None, "1"), ("1", "6", "6"), ("2", "6", "6"), ("2", "", "")]
+)
+def test_cpu_threads_are_one_a_rank_where_ranks_share_the_host_and_torchs_own_for_a_lone_rank(
+    srun_world: SrunWorld, gpus: str, user: str | None, seen: str | None
+):
+    """torchrun's rule (a value the user set wins): one thread each where ranks share a node; a node's only rank
+    keeps torch's default, every CPU it may use."""
+    env = {"SRUNSH_GPUS_PER_NODE": gpus, **({} if user is None else {"OMP_NUM_THREADS": user})}
+    result = srun_world.srun_sh("--local", "recipe.py", env=env)
+
+    assert result.returncode == 0, result.stderr
+    records = srun_world.records()
+    assert len(records) == int(gpus)
+    assert {record["env"].get("OMP_NUM_THREADS") for record in records.values()} == {seen}
 
 
 def test_master_port_and_run_id_knobs_reach_local_ranks(srun_world: SrunWorld):

@@ -41,6 +41,7 @@ def assert_one_job_of(records: dict[int, dict], nodes: list[str], per_node: int)
         assert (env["RANK"], env["LOCAL_RANK"]) == (str(rank), str(rank % per_node))
         assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (str(world), str(per_node))
         assert env["MASTER_ADDR"] == ADDRESSES[nodes[0]]
+        assert env.get("OMP_NUM_THREADS") == ("1" if per_node > 1 else None)  # torchrun's rule
         if "rendezvous" in record:
             assert record["rendezvous"] == {"rank": rank, "world_size": world, "sum": world * (world + 1) // 2}
 
@@ -62,6 +63,15 @@ def test_two_nodes_rendezvous_with_ranks_per_node_from_the_gpus_allocated(slurm_
         log = slurm_world.dir / "outputs" / "recipe" / run_id / "logs" / f"rank-{rank}.log"
         assert log.read_text() == f"rank {rank} started\n"
         assert f"{rank}: rank {rank} started" in result.stdout.splitlines()
+
+
+def test_a_node_with_one_rank_leaves_its_cpu_threads_to_torch(slurm_world: SrunWorld):
+    result, _ = slurm_world.in_allocation(
+        "--no-container", "recipe.py", salloc=("--nodes=2", "--gpus-per-node=1"), env=RENDEZVOUS
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert_one_job_of(slurm_world.records(), list(NODES), per_node=1)
 
 
 def test_sbatch_on_two_nodes_uses_the_first_nodes_address_not_its_loopback_name(slurm_world: SrunWorld):

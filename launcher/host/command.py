@@ -46,6 +46,10 @@ def rank_environment(plan: LaunchPlan) -> dict[str, str]:
         env["SRUN_SH_MOUNT"] = plan.container_mounts  # named in the data checks' error for a path outside it
     if os.environ.get("SLURM_JOB_NAME"):
         env["SRUN_SH_JOB_NAME"] = os.environ["SLURM_JOB_NAME"]  # launch.json's: the step gets its own name
+    if plan.ranks_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # torchrun's rule: ranks that share a node get one CPU thread each, a node's only rank every CPU it may use (one
+        # thread cost the Llama 3 8B shape's model set-up 1.8 s on one H100: bench/results/startup.md)
+        env["OMP_NUM_THREADS"] = "1"
     if plan.inprocess:
         env["TORCH_CPP_LOG_LEVEL"] = os.environ.get("TORCH_CPP_LOG_LEVEL") or "error"  # NVRx's store polls warn
     return env
@@ -107,7 +111,7 @@ def dry_run_text(plan: LaunchPlan) -> str:
     if plan.env_knobs:
         lines.append(f"# knobs from the environment: {plan.env_knobs}")
     lines.append("# Environment srun.sh exports (every rank inherits it):")
-    lines += [f"export {name}={q(os.environ.get(name, ''))}" for name in SHOWN]
+    lines += [f"export {name}={q(os.environ[name])}" if name in os.environ else f"unset {name}" for name in SHOWN]
     if plan.health and not plan.health_only:
         lines.append("# Health check, run first (SRUNSH_HEALTH=1):")
         lines.append(one_line(launch_command(plan, rank_command(plan, health=True))))
