@@ -48,7 +48,7 @@ def rank_environment(plan: LaunchPlan) -> dict[str, str]:
         env["SRUN_SH_JOB_NAME"] = os.environ["SLURM_JOB_NAME"]  # launch.json's: the step gets its own name
     if plan.ranks_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         # torchrun's rule: ranks that share a node get one CPU thread each, a node's only rank every CPU it may use (one
-        # thread cost the Llama 3 8B shape's model set-up 1.8 s on one H100: bench/results/startup.md)
+        # thread cost the Llama 3 8B shape's model set-up about 2 s on one H100: bench/results/startup.md)
         env["OMP_NUM_THREADS"] = "1"
     if plan.inprocess:
         env["TORCH_CPP_LOG_LEVEL"] = os.environ.get("TORCH_CPP_LOG_LEVEL") or "error"  # NVRx's store polls warn

@@ -38,8 +38,9 @@ DEFERRED: Mapping[str, frozenset[str]] = {
     "transformers": frozenset({"AutoImageProcessor", "AutoProcessor", "AutoTokenizer", "Qwen3VLProcessor"}),
     # scipy, torchvision: transformers' object detection losses, which its modeling_utils imports
     "scipy.optimize": frozenset({"linear_sum_assignment"}),
-    # scikit-learn where it is installed, and with it most of scipy and pandas (2.7 s of a rank's start on the H100):
-    # transformers' assisted generation, which its auto model factory imports, so every hf_path recipe
+    # scikit-learn where it is installed, and with it most of scipy and pandas (3.2 s of -X importtime's count for the
+    # Llama recipe's rank on one H100): transformers' assisted generation, which its auto model factory imports, so
+    # every hf_path recipe
     "sklearn.metrics": frozenset({"roc_curve"}),
     "transformers.image_transforms": frozenset({"center_to_corners_format"}),
     # pandas, pyarrow: Megatron Bridge's Hugging Face dataset source
