@@ -1,4 +1,5 @@
-"""The one exception type a user sees, and how it reaches them: one line, exit status 2, before any rank joins."""
+"""The one exception type a user sees, and how a rank says it: one line, exit status 2, before any rank joins. srun.sh's
+supervisor on the launching host raises it too, and says it there (launcher/host/supervisor.py)."""
 
 import os
 import sys

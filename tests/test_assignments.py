@@ -64,7 +64,7 @@ def preflight_refusal(argument: str) -> str | None:
     """What srun.sh's check on the launching host says of ./srun.sh recipe.py ARGUMENT; None where it takes it."""
     try:
         preflight.check_arguments(LaunchPlan(), ["recipe.py", argument])
-    except preflight.BadInputError as refused:
+    except UsageError as refused:
         return str(refused)
     return None
 

@@ -14,9 +14,10 @@ import sys
 from collections.abc import Callable
 
 from launcher import run_files
+from launcher.errors import UsageError
 from launcher.host import command
 from launcher.host.plan import LaunchPlan
-from launcher.host.preflight import REPO, BadInputError, Knobs, parse_options, preflight
+from launcher.host.preflight import REPO, Knobs, parse_options, preflight
 from launcher.shell_quote import q
 
 JOB_SCRIPT_HEAD = (
@@ -50,7 +51,7 @@ def refusal(out: str) -> str:
 
 def submit(words: list[str], knobs: Knobs) -> int:
     if "--" not in words:
-        raise BadInputError(
+        raise UsageError(
             "--sbatch takes sbatch options, then -- and the launch: ./srun.sh --sbatch -N 2 -t 4:00:00 -- RECIPE.py"
         )
     split = words.index("--")
@@ -67,10 +68,10 @@ def submit(words: list[str], knobs: Knobs) -> int:
         out.write(os.fsencode(command.one_line(sbatch) + "\n" + script))
         return 0
     if shutil.which("sbatch") is None:
-        raise BadInputError("sbatch is not found on this host: submit where SLURM's client commands are")
+        raise UsageError("sbatch is not found on this host: submit where SLURM's client commands are")
     test = subprocess.run([*sbatch, "--test-only"], input=script, capture_output=True, text=True, check=False)
     if test.returncode:
-        raise BadInputError(f"sbatch refused the job: {refusal(test.stdout + test.stderr)}")
+        raise UsageError(f"sbatch refused the job: {refusal(test.stdout + test.stderr)}")
     command.say_environment_knobs(plan, "# srun.sh: ", sys.stderr.buffer)
     with run_files.private_files():
         os.makedirs(plan.run_root, exist_ok=True)

@@ -14,8 +14,9 @@ import subprocess
 import sys
 import time
 
+from launcher.errors import UsageError
 from launcher.host.plan import LaunchPlan
-from launcher.host.preflight import BadInputError, Knobs
+from launcher.host.preflight import Knobs
 from launcher.host.slurm import master_address
 from launcher.run_files import private_files
 from launcher.shell_quote import q
@@ -43,12 +44,10 @@ def resolve_hosts(local: bool, master_addr: str) -> tuple[list[str], str]:
     out = subprocess.run(["scontrol", "show", "hostnames", node_list], stdout=subprocess.PIPE, check=False).stdout
     hosts = os.fsdecode(out).splitlines()
     if not hosts:
-        raise BadInputError(
-            f"scontrol could not expand SLURM_JOB_NODELIST={q(node_list)}: check the SLURM client setup"
-        )
+        raise UsageError(f"scontrol could not expand SLURM_JOB_NODELIST={q(node_list)}: check the SLURM client setup")
     master_addr = master_addr or master_address(hosts[:2])
     if not master_addr:
-        raise BadInputError(
+        raise UsageError(
             f"no address of {hosts[0]} that other nodes reach (scontrol's NodeAddr, getent ahostsv4, ip route):"
             " set MASTER_ADDR to its IP address"
         )
@@ -73,9 +72,9 @@ def run_port(run_root: str, run_base: str, taken: int) -> str:
     return str(PORT_BASE + (checksum + taken) % PORT_SPAN)
 
 
-def unwritable(path: str, error: OSError) -> BadInputError:
+def unwritable(path: str, error: OSError) -> UsageError:
     """The refusal of a run folder that could not be created, with the error as the shell's tools word it."""
-    return BadInputError(
+    return UsageError(
         f"cannot create the run folder {q(path)} ({error.strerror or error}): set SRUNSH_OUTPUT_ROOT to a folder you"
         " can write"
     )
@@ -116,7 +115,7 @@ def lock_run(run_id: str, path: str) -> None:
     except BlockingIOError:
         with open(path, errors="surrogateescape") as holder:
             who = holder.read().rstrip("\n")
-        raise BadInputError(
+        raise UsageError(
             f"run {run_id} is still running ({who}): wait for it to end, or leave SRUNSH_RUN_ID unset for a new run"
         ) from None
     except OSError as error:

@@ -1,6 +1,6 @@
 """srun.sh's checks on the launching host, before anything starts: the knobs the environment set, the arguments, the
 recipe, the allocation (GPUs, CPUs, a homogeneous job), the container image and mounts. The first problem found raises
-BadInputError, whose message names it and its fix; otherwise `preflight` gives the paths and counts the launch needs.
+UsageError, whose message names it and its fix; otherwise `preflight` gives the paths and counts the launch needs.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.assignments import NotAssignmentError, assignment
+from launcher.errors import UsageError
 from launcher.host.compile_cache import shared_file_system
 from launcher.host.mounts import Mount, container_path, mount_of, split_mount
 from launcher.host.plan import LaunchPlan
@@ -81,10 +82,6 @@ BATCH_KNOB_CHECKS: Checks = {
 }
 
 
-class BadInputError(Exception):
-    """Bad input: the message names the problem and the fix."""
-
-
 def knob_names() -> list[str]:
     """The knobs, as srun.sh's Knobs section defines them."""
     text = (REPO / "srun.sh").read_text()
@@ -98,11 +95,9 @@ def parse_options(words: list[str], batch_job: bool = False) -> tuple[LaunchPlan
     while words and words[0].startswith("-"):
         word, words = words[0], words[1:]
         if word == "--sbatch":
-            raise BadInputError(
-                "--sbatch comes first: ./srun.sh --sbatch [SBATCH_OPTION ...] -- [options] RECIPE.py ..."
-            )
+            raise UsageError("--sbatch comes first: ./srun.sh --sbatch [SBATCH_OPTION ...] -- [options] RECIPE.py ...")
         if word not in SWITCHES:
-            raise BadInputError(
+            raise UsageError(
                 f"unknown option {q(word)}: the options are --nsys --dry-run --no-container --local --health --sbatch"
                 " --help"
             )
@@ -119,7 +114,7 @@ def environment_knobs(knobs: list[str], plan: LaunchPlan) -> None:
         if name in knobs:
             given.append(name)
         elif name.startswith("SRUNSH_"):
-            raise BadInputError(
+            raise UsageError(
                 f"{name}, set in the environment, is no knob of srun.sh: unset it or fix its name (./srun.sh --help)"
             )
         elif f"SRUNSH_{name}" in knobs:
@@ -132,25 +127,25 @@ def check_arguments(plan: LaunchPlan, words: list[str]) -> str:
     """The recipe (launcher/health.py for --health) after the shape of every argument is checked."""
     if plan.health_only:
         if words:
-            raise BadInputError(
+            raise UsageError(
                 f"--health runs the health check alone, so {q(words[0])} has no place here:"
                 " drop it, or check before a launch with SRUNSH_HEALTH=1 ./srun.sh RECIPE.py"
             )
         if plan.nsys:
-            raise BadInputError("--nsys profiles training, and --health trains nothing: drop one of them")
+            raise UsageError("--nsys profiles training, and --health trains nothing: drop one of them")
         return str(HEALTH_RECIPE)
     if not words:
-        raise BadInputError("no recipe given: usage is ./srun.sh [options] RECIPE.py [NAME=VALUE ...]")
+        raise UsageError("no recipe given: usage is ./srun.sh [options] RECIPE.py [NAME=VALUE ...]")
     recipe, overrides = words[0], words[1:]
     for arg in overrides:
         if arg in OPTIONS:
-            raise BadInputError(
+            raise UsageError(
                 f"option {arg} comes after the recipe: put it first, as in ./srun.sh {arg} {q(recipe)} ..."
             )
         try:  # every rank would refuse any other shape, after its imports
             assignment(arg)
         except NotAssignmentError as error:
-            raise BadInputError(str(error)) from None
+            raise UsageError(str(error)) from None
     return recipe
 
 
@@ -158,7 +153,7 @@ def check_knobs(checks: Checks, knob: Knobs) -> None:
     """The first knob of CHECKS whose value it does not take is refused."""
     for name, (takes, fix) in checks.items():
         if not takes(knob[name]):
-            raise BadInputError(f"{name}={q(knob[name])} {fix}")
+            raise UsageError(f"{name}={q(knob[name])} {fix}")
 
 
 def visible_gpus() -> int:
@@ -171,13 +166,13 @@ def visible_gpus() -> int:
 def local_gpus(gpus: str) -> str:
     visible = visible_gpus()
     if visible == 0 and not gpus:
-        raise BadInputError(
+        raise UsageError(
             "--local found no GPU (CUDA_VISIBLE_DEVICES, /dev/nvidia*):"
             " run it on a GPU host or set CUDA_VISIBLE_DEVICES"
         )
     gpus = gpus or str(visible)
     if POSITIVE.fullmatch(gpus) and int(gpus) > visible:
-        raise BadInputError(
+        raise UsageError(
             f"SRUNSH_GPUS_PER_NODE={gpus} but this host shows {visible} GPU(s):"
             " lower SRUNSH_GPUS_PER_NODE or widen CUDA_VISIBLE_DEVICES"
         )
@@ -194,10 +189,10 @@ def slurm_allocation(gpus: str, plan: LaunchPlan) -> str:
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job:
         if not plan.dry_run:
-            raise BadInputError("not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run")
+            raise UsageError("not inside a SLURM allocation: run under salloc/sbatch, or use --local / --dry-run")
         return gpus or "8"
     if os.environ.get("SLURM_HET_SIZE"):
-        raise BadInputError(
+        raise UsageError(
             f"job {job} is heterogeneous ({os.environ['SLURM_HET_SIZE']} components), which srun.sh cannot place ranks"
             " in: allocate one set of identical nodes"
         )
@@ -206,19 +201,19 @@ def slurm_allocation(gpus: str, plan: LaunchPlan) -> str:
     if not POSITIVE.fullmatch(gpus):
         return gpus  # refused by check_knobs
     if allocated and int(gpus) > int(allocated):
-        raise BadInputError(
+        raise UsageError(
             f"SRUNSH_GPUS_PER_NODE={gpus} but job {job} has {allocated} GPU(s) a node:"
             f" set SRUNSH_GPUS_PER_NODE={allocated} or allocate more (salloc --gpus-per-node={gpus})"
         )
     cpus = min_cpus_per_node(os.environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
     if cpus is not None and cpus < int(gpus):
-        raise BadInputError(
+        raise UsageError(
             f"job {job} has {cpus} CPU(s) on a node for {gpus} ranks a node:"
             f" allocate whole nodes (salloc --exclusive) or at least --ntasks-per-node={gpus}"
         )
     plan.cpus_per_rank = "" if cpus is None else str(cpus // int(gpus))
     if shutil.which("srun") is None and not plan.dry_run:
-        raise BadInputError("srun is not found on this host: run srun.sh where SLURM's client commands are")
+        raise UsageError("srun is not found on this host: run srun.sh where SLURM's client commands are")
     return gpus
 
 
@@ -235,14 +230,14 @@ def parse_mounts(spec: str) -> list[Mount]:
     for entry in fields(spec, ","):
         src, dst, flags, more = split_mount(entry)
         if not src or not dst.startswith("/") or more:
-            raise BadInputError(
+            raise UsageError(
                 f"SRUNSH_MOUNT entry {q(entry)} is not SRC:DST[:FLAGS] with an absolute DST:"
                 f" fix SRUNSH_MOUNT, e.g. SRUNSH_MOUNT={q(f'{REPO}:/workspace/megatron')}"
             )
         mount = Mount(src, dst, flags)
         if mount.holds_paths:
             if not os.path.exists(src):
-                raise BadInputError(
+                raise UsageError(
                     f"SRUNSH_MOUNT source {q(src)} does not exist on this host: create it or drop it from SRUNSH_MOUNT"
                 )
             mount.src = os.path.abspath(src)
@@ -253,7 +248,7 @@ def parse_mounts(spec: str) -> list[Mount]:
 def in_container(mounts: list[Mount], what: str, path: str, spec: str) -> str:
     inside = container_path(mounts, path)
     if inside is None:
-        raise BadInputError(
+        raise UsageError(
             f"{what} {q(path)} is outside every SRUNSH_MOUNT source, so the ranks cannot see it:"
             f" add its directory to SRUNSH_MOUNT (now {q(spec)})"
         )
@@ -265,7 +260,7 @@ def check_output_mount(mounts: list[Mount], run_root: str) -> None:
     flags are joined by '+', as in ro+rprivate)."""
     mount = mount_of(mounts, run_root)
     if mount is not None and "ro" in mount.flags.split("+"):
-        raise BadInputError(
+        raise UsageError(
             f"SRUNSH_OUTPUT_ROOT {q(run_root)} is in SRUNSH_MOUNT entry {q(f'{mount.src}:{mount.dst}:{mount.flags}')},"
             " which the ranks see read-only: drop :ro from it,"
             " or set SRUNSH_OUTPUT_ROOT to a folder of a writable mount"
@@ -276,7 +271,7 @@ def check_image(image: str) -> str:
     """A squashfs file, named by its absolute path: pyxis takes a name that starts with neither / nor ./ for an image
     to pull from a registry."""
     if not os.path.isfile(image):
-        raise BadInputError(
+        raise UsageError(
             f"image SRUNSH_SQSH={q(image)} does not exist: build it with 'make build' or point SRUNSH_SQSH at one"
         )
     try:
@@ -285,7 +280,7 @@ def check_image(image: str) -> str:
     except OSError:
         magic = b""
     if magic != b"hsqs":
-        raise BadInputError(
+        raise UsageError(
             f"image SRUNSH_SQSH={q(image)} is not a squashfs file:"
             " build one with 'make build' or point SRUNSH_SQSH at the .sqsh it wrote"
         )
@@ -307,11 +302,11 @@ def container_paths(knob: Knobs, plan: LaunchPlan, recipe_abs: str) -> None:
 
 def host_paths(plan: LaunchPlan, recipe: str) -> None:
     if shutil.which(plan.python) is None:
-        raise BadInputError(
+        raise UsageError(
             f"SRUNSH_PYTHON={q(plan.python)} is not found on this host: install it or set SRUNSH_PYTHON=/path/to/python"
         )
     if plan.nsys and shutil.which(plan.nsys_path) is None:
-        raise BadInputError(
+        raise UsageError(
             f"--nsys needs nsys, but SRUNSH_NSYS={q(plan.nsys_path)} is not found:"
             " install Nsight Systems or set SRUNSH_NSYS=/path/to/nsys"
         )
@@ -331,11 +326,11 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
     recipe = check_arguments(plan, words)
     if sbatch_args is not None:
         if plan.local:
-            raise BadInputError("--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch")
+            raise UsageError("--local runs without SLURM, so it cannot be a batch job: drop --local or --sbatch")
         check_knobs(BATCH_KNOB_CHECKS, knob)
     if not (os.path.isfile(recipe) and os.access(recipe, os.R_OK)):
         cwd = os.environ.get("PWD") or os.getcwd()
-        raise BadInputError(f"recipe {q(recipe)} is not a readable file: check the path (relative to {q(cwd)})")
+        raise UsageError(f"recipe {q(recipe)} is not a readable file: check the path (relative to {q(cwd)})")
     gpus = knob["SRUNSH_GPUS_PER_NODE"]
     if sbatch_args is not None:
         gpus = gpus or "8"  # only for the checks here: the job takes its own from its allocation
@@ -363,7 +358,7 @@ def compile_cache_dir(value: str) -> str:
         return ""
     shared = shared_file_system(value, Path("/proc/self/mounts").read_text())
     if shared:
-        raise BadInputError(
+        raise UsageError(
             f"SRUNSH_COMPILE_CACHE={q(value)} is on {shared}, a file system the nodes share, where Triton's cache"
             " writes race across nodes and fail ranks: name a directory on every node's own disk, e.g."
             " SRUNSH_COMPILE_CACHE=/var/tmp, or off"
@@ -415,7 +410,7 @@ def check_time_limit(sbatch_args: list[str], save_lead_s: str) -> None:
     limit = sbatch_time_limit(sbatch_args)
     seconds = time_limit_seconds(limit)
     if seconds is not None and seconds <= int(save_lead_s):
-        raise BadInputError(
+        raise UsageError(
             f"time limit {limit} ({seconds} s) leaves no time before the save SRUNSH_SAVE_LEAD_S={save_lead_s} s"
             " ahead of it: give a longer --time or a smaller SRUNSH_SAVE_LEAD_S"
         )

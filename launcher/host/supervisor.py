@@ -23,6 +23,7 @@ if not __package__:  # run as a script (srun.sh): the repository, two folders up
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from launcher import run_files
+from launcher.errors import UsageError
 from launcher.hang.watch import watch
 from launcher.health.exclude_nodes import exclude
 from launcher.host import batch, command, container
@@ -31,7 +32,7 @@ from launcher.host.batch import BatchJob, say
 from launcher.host.first_failure import log_end
 from launcher.host.first_failure import report as report_failure
 from launcher.host.job import resolve_job
-from launcher.host.preflight import REPO, BadInputError, Knobs, parse_options, preflight
+from launcher.host.preflight import REPO, Knobs, parse_options, preflight
 from launcher.host.slurm import launch_step
 from launcher.host.steps import Step
 from launcher.restart.plan import PlanError
@@ -252,7 +253,7 @@ def plan_inprocess(plan: plans.LaunchPlan) -> str:
     try:
         restart = inprocess_plan(plan.overrides, len(plan.hosts), plan.ranks_per_node, int(plan.master_port))
     except PlanError as error:
-        raise BadInputError(str(error)) from None
+        raise UsageError(str(error)) from None
     plan.inprocess = restart.enabled
     return restart.header()
 
@@ -295,7 +296,7 @@ def main(argv: list[str]) -> int:
             words, limit = words[1:], batch.trap_time_limit(knobs)
         plan, words = parse_options(words, batch_job=limit is not None)
         return launch(plan, words, knobs, limit)
-    except BadInputError as error:
+    except UsageError as error:
         sys.stderr.buffer.write(os.fsencode(f"srun.sh: {error}\n"))
         return 2
 
