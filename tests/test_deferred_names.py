@@ -6,7 +6,6 @@ hypothesis writes, every name the module's uses allow to wait behaves as the rea
 import builtins
 import importlib
 import json
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -57,14 +56,17 @@ print(json.dumps(said))
 """
 
 
+def what_it_says(program: str, *args: str) -> dict:
+    """The JSON line a program that installs the postponing itself prints last (`python -c PROGRAM ARGS`)."""
+    done = run_program(program, *args, import_all="0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def test_the_first_use_of_a_postponed_name_imports_every_postponed_module_with_its_effects(tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text('{"text": "a"}\n{"text": "b"}\n')
-    done = subprocess.run(
-        [sys.executable, "-c", FIRST_USE, str(data)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = json.loads(done.stdout.splitlines()[-1])
+    said = what_it_says(FIRST_USE, str(data))
     assert said["before"] == []
     assert said["isinstance before"] is False
     assert said["imported by isinstance"] is False
@@ -269,12 +271,7 @@ print(json.dumps(said))
 
 
 def test_names_a_relative_import_names_wait_too_and_the_first_call_gets_the_real_answer():
-    done = subprocess.run(
-        [sys.executable, "-c", RELATIVE], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = json.loads(done.stdout.splitlines()[-1])
-    assert said == {
+    assert what_it_says(RELATIVE) == {
         "waiting": ["StandIn", "StandIn"],
         "imported": [],
         "assignment": [[0, 1], [1, 0]],
@@ -303,12 +300,7 @@ print(json.dumps(said))
 
 
 def test_assisted_generations_roc_curve_waits_and_the_first_call_gets_scikit_learns_answer():
-    done = subprocess.run(
-        [sys.executable, "-c", ASSISTED], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = json.loads(done.stdout.splitlines()[-1])
-    assert said == {
+    assert what_it_says(ASSISTED) == {
         "waiting": "StandIn",
         "imported": [],
         "curve": [[0.0, 0.0, 0.5, 0.5, 1.0], [0.0, 0.5, 0.5, 1.0, 1.0], [float("inf"), 0.8, 0.4, 0.35, 0.1]],
