@@ -9,6 +9,8 @@ import signal
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.srun_world import HOSTILE_ARGS, REPO, SrunWorld, wait_gone
 
@@ -118,6 +120,24 @@ def test_cpu_threads_are_one_a_rank_where_ranks_share_the_host_and_torchs_own_fo
     records = srun_world.records()
     assert len(records) == int(gpus)
     assert {record["env"].get("OMP_NUM_THREADS") for record in records.values()} == {seen}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(gpus=st.integers(1, 3), user=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")))
+def test_any_cpu_thread_count_the_user_exported_reaches_every_rank_unchanged(
+    srun_world: SrunWorld, gpus: int, user: str
+):
+    for earlier in srun_world.records_dir.glob("rank-*.json"):  # hypothesis's earlier examples share this world
+        earlier.unlink()
+    result = srun_world.srun_sh(
+        "--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": str(gpus), "OMP_NUM_THREADS": user}
+    )
+
+    assert result.returncode == 0, result.stderr
+    records = srun_world.records()
+    assert {rank: record["env"].get("OMP_NUM_THREADS") for rank, record in records.items()} == dict.fromkeys(
+        range(gpus), user
+    )
 
 
 def test_master_port_and_run_id_knobs_reach_local_ranks(srun_world: SrunWorld):
