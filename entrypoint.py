@@ -71,7 +71,7 @@ def missing_stack(error: ImportError) -> UsageError:
 
 # Python's cyclic garbage collector walks every object alive each time it makes a full pass, and the imports and the
 # recipe make some 900,000 of them: a rank started as a program holds it until its start-up is done
-# (start_up_done), which saved 1.2 s of the Llama recipe's 6.9 s --check on 2 CPU cores (bench/results/startup.md).
+# (start_up_done): the Llama recipe's --check took 7.8 s instead of 9.0 s on 2 CPU cores (bench/results/startup.md).
 COLLECTOR_HELD = __name__ == "__main__"
 if COLLECTOR_HELD:
     gc.disable()

@@ -4,7 +4,6 @@ recipes, pretrain() alone replaced (it needs a GPU) by one that says what it fou
 
 import gc
 import json
-import os
 import subprocess
 import sys
 
@@ -33,26 +32,18 @@ def configure():
 """
 
 
-def seen_at_pretrain(tmp_path, recipe: str) -> dict:
+def seen_at_pretrain(tmp_path, run_entrypoint, recipe: str) -> dict:
     probe = tmp_path / "probe_recipe.py"
     probe.write_text(PROBE.format(recipe=recipe))
-    done = subprocess.run(
-        [sys.executable, str(REPO / "entrypoint.py"), str(probe), "train.train_iters=1"],
-        cwd=REPO,
-        env={**os.environ, "SRUNSH_OUTPUT_ROOT": str(tmp_path / "outputs"), "RANK": "0", "WORLD_SIZE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_entrypoint(str(probe), "train.train_iters=1", env={"RANK": "0", "WORLD_SIZE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("seen "))[5:])
 
 
 # Without hf_path, and with one: the Llama recipe's architecture is Meta's published config.json, read by transformers
 @pytest.mark.parametrize("recipe", ["tiny_gpt_pretrain", "llama3_8b_pretrain"])
-def test_the_collector_waits_for_the_start_up_and_runs_for_the_training(tmp_path, recipe):
-    seen = seen_at_pretrain(tmp_path, recipe)
+def test_the_collector_waits_for_the_start_up_and_runs_for_the_training(tmp_path, run_entrypoint, recipe):
+    seen = seen_at_pretrain(tmp_path, run_entrypoint, recipe)
     assert seen["in the recipe"] is False
     assert seen["at pretrain"] is True
     # the imported modules' objects: some 900,000 on the CPU here
@@ -61,7 +52,7 @@ def test_the_collector_waits_for_the_start_up_and_runs_for_the_training(tmp_path
     assert seen["start-up garbage"] < 60_000, seen
 
 
-def test_a_process_multiprocessing_spawns_keeps_its_collector(tmp_path):
+def test_a_process_multiprocessing_spawns_keeps_its_collector():
     """multiprocessing's spawn runs entrypoint.py again as __mp_main__ in every process it starts (Megatron's
     checkpoint writer starts a Manager): such a process lives on, and must collect its garbage."""
     program = (
