@@ -223,17 +223,30 @@ class FromSource:
 def from_source(source_file: str, source: str, package: str | None) -> FromSource:
     """What the file imports from SOURCE (a relative import resolved against PACKAGE). Its syntax tree is not kept:
     that of a large module is some 10^5 objects, which every full garbage collection of the rank would walk."""
-    tree = ast.parse(Path(source_file).read_bytes())
-    imported = aliases(tree, source, package)
-    return FromSource(imported, uses_answered(tree, imported, source, package))
+    nodes, parents = tree_nodes(ast.parse(Path(source_file).read_bytes()))
+    imported = aliases(nodes, source, package)
+    return FromSource(imported, uses_answered(nodes, parents, imported, source, package))
 
 
-def aliases(tree: ast.Module, source: str, package: str | None) -> dict[str, str]:
+def tree_nodes(tree: ast.Module) -> tuple[list[ast.AST], dict[ast.AST, ast.AST]]:
+    """Every node of TREE, and the parent of each name and tuple (what `answered` asks about), in one pass: each
+    further pass over a large module's tree costs as much as parsing it."""
+    nodes: list[ast.AST] = [tree]
+    parents: dict[ast.AST, ast.AST] = {}
+    for node in nodes:  # the list grows as the loop reads it: every node once, breadth first
+        for child in ast.iter_child_nodes(node):
+            nodes.append(child)
+            if isinstance(child, (ast.Name, ast.Tuple)):
+                parents[child] = node
+    return nodes, parents
+
+
+def aliases(nodes: list[ast.AST], source: str, package: str | None) -> dict[str, str]:
     """ALIAS -> NAME of the file's `from SOURCE import NAME as ALIAS` statements (top level or not; a relative one
     resolved against PACKAGE)."""
     return {
         alias.asname or alias.name: alias.name
-        for node in ast.walk(tree)
+        for node in nodes
         if isinstance(node, ast.ImportFrom) and imported_from(node, package) == source
         for alias in node.names
     }
@@ -244,14 +257,15 @@ def imported_from(node: ast.ImportFrom, package: str | None) -> str | None:
     return node.module if node.level == 0 else absolute(node.module or "", node.level, package)
 
 
-def uses_answered(tree: ast.Module, imported: dict[str, str], source: str, package: str | None) -> frozenset[str]:
+def uses_answered(
+    nodes: list[ast.AST], parents: dict[ast.AST, ast.AST], imported: dict[str, str], source: str, package: str | None
+) -> frozenset[str]:
     """The NAMEs the file imports from SOURCE (IMPORTED: ALIAS -> NAME) whose every use a stand-in answers as NAME
     would: `ALIAS.attribute`, `ALIAS(...)`, `isinstance(x, ALIAS)` or `issubclass(x, ALIAS)` (alone or in a tuple). A
     NAME bound another way too, used any other way (compared, passed on, subclassed, caught, in an annotation), or in
     `__all__` is not."""
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    unanswered = set(spelled_in_all(tree)) | set(bound_otherwise(tree, source, package))
-    for node in ast.walk(tree):
+    unanswered = set(spelled_in_all(nodes)) | set(bound_otherwise(nodes, source, package))
+    for node in nodes:
         if isinstance(node, ast.Name) and node.id in imported and not answered(node, parents):
             unanswered.add(node.id)
     return frozenset(imported.values()) - {imported[alias] for alias in unanswered if alias in imported}
@@ -276,11 +290,11 @@ def answered(node: ast.Name, parents: dict[ast.AST, ast.AST]) -> bool:
     )
 
 
-def spelled_in_all(tree: ast.Module) -> list[str]:
+def spelled_in_all(nodes: list[ast.AST]) -> list[str]:
     """The strings of every `__all__ = [...]` (or `+=`) in the file: another module's `*` import takes those."""
     return [
         element.value
-        for node in ast.walk(tree)
+        for node in nodes
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
         and any(isinstance(t, ast.Name) and t.id == "__all__" for t in assigned(node))
         and isinstance(node.value, (ast.List, ast.Tuple))
@@ -293,10 +307,10 @@ def assigned(node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> list[ast.expr]
     return node.targets if isinstance(node, ast.Assign) else [node.target]
 
 
-def bound_otherwise(tree: ast.Module, source: str, package: str | None) -> list[str]:
+def bound_otherwise(nodes: list[ast.AST], source: str, package: str | None) -> list[str]:
     """Names the file binds other than by `from SOURCE import`: other imports, definitions, parameters, `global`."""
     names: list[str] = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
             isinstance(node, ast.ImportFrom) and imported_from(node, package) == source
         ):
