@@ -6,6 +6,7 @@ hypothesis writes, every name the module's uses allow to wait behaves as the rea
 import ast
 import builtins
 import importlib
+import importlib.util
 import json
 import sys
 import uuid
@@ -320,8 +321,8 @@ def deferred_imports_installed() -> list[tuple[str, str, str]]:
     """(file, source, package) of every installed file of SCANNED that imports a postponed name, as the rank's
     `__import__` meets them (a relative import resolved against the file's package)."""
     found = []
-    for top in SCANNED:
-        root = Path(importlib.util.find_spec(top).submodule_search_locations[0])
+    roots = [Path(place) for top in SCANNED for place in importlib.util.find_spec(top).submodule_search_locations]
+    for root in roots:  # megatron is a namespace package: megatron-core's and Megatron Bridge's folders
         for file in sorted(root.rglob("*.py")):
             if any(part in file.relative_to(root.parent).as_posix() for part in NOT_SCANNED):
                 continue
