@@ -17,22 +17,30 @@ pytest_plugins = ["tests.srun_world"]
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (tools/setup_test_env.sh)")
 
-EXECVE = re.compile(r'^(\d+) +execve\("([^"]*)", \[(.*)\], .* = 0$')
-OPENED = re.compile(r'^\d+ +openat\(AT_FDCWD, "([^"]*\.sh)", .* = \d+')
+EXECVE = re.compile(r'^execve\("([^"]*)", \[(.*)\], .* = 0$')
+OPENED = re.compile(r'^openat\(AT_FDCWD, "([^"]*\.sh)", .* = \d+')
 
 
-def strace(world: SrunWorld) -> tuple[str, ...]:
-    """strace of a command and every process it starts, into WORLD's file `trace`."""
-    return ("strace", "-f", "-qq", "-s", "4096", "-e", "trace=execve,openat", "-o", str(world.dir / "trace"))
+def strace(world: SrunWorld, name: str = "trace") -> tuple[str, ...]:
+    """strace of a command and every process it starts, a file for each (WORLD's `NAME.PID`): in one file, a call
+    that two processes make at once is split over an `<unfinished ...>` and a `<... resumed>` line, as two ranks
+    opening rank.sh together were on a loaded machine."""
+    return ("strace", "-ff", "-qq", "-s", "4096", "-e", "trace=execve,openat", "-o", str(world.dir / name))
+
+
+def traced_lines(trace: Path) -> list[str]:
+    """The lines of every process's file (TRACE.PID)."""
+    files = sorted(trace.parent.glob(f"{trace.name}.*"))
+    return [line for file in files for line in file.read_text(errors="replace").splitlines()]
 
 
 def programs(trace: Path) -> list[tuple[str, str]]:
     """Each program that was started: (its path, its arguments as strace wrote them)."""
     started = []
-    for line in trace.read_text(errors="replace").splitlines():
+    for line in traced_lines(trace):
         found = EXECVE.match(line)
         if found:
-            started.append((found.group(2), found.group(3)))
+            started.append((found.group(1), found.group(2)))
     return started
 
 
@@ -49,7 +57,7 @@ def host_helpers(trace: Path) -> list[str]:
 
 def bash_files(trace: Path) -> set[str]:
     """The bash scripts any process opened, by path."""
-    found = (OPENED.match(line) for line in trace.read_text(errors="replace").splitlines())
+    found = (OPENED.match(line) for line in traced_lines(trace))
     return {match.group(1) for match in found if match}
 
 
@@ -81,8 +89,11 @@ def test_two_node_launch_and_container_dry_run_start_one_host_helper_and_load_on
     image = tmp_path / "image.sqsh"
     image.write_bytes(SQUASHFS_MAGIC)
     env = {"SRUNSH_SQSH": str(image), "SRUNSH_MOUNT": f"{REPO}:{REPO},{slurm_world.dir}:{slurm_world.dir}"}
-    result, steps = slurm_world.in_allocation("--dry-run", "recipe.py", env=env, command=command)
+    dry_run = slurm_world.dir / "dry-run-trace"
+    result, steps = slurm_world.in_allocation(
+        "--dry-run", "recipe.py", env=env, command=strace(slurm_world, dry_run.name)
+    )
     assert result.returncode == 0, result.stderr
     assert steps == 0
-    assert len(host_helpers(trace)) == 1, host_helpers(trace)
-    assert bash_files(trace) == {str(REPO / "srun.sh")}
+    assert len(host_helpers(dry_run)) == 1, host_helpers(dry_run)
+    assert bash_files(dry_run) == {str(REPO / "srun.sh")}
