@@ -324,13 +324,13 @@ def deferred_imports_installed() -> list[tuple[str, str, str]]:
     roots = [Path(place) for top in SCANNED for place in importlib.util.find_spec(top).submodule_search_locations]
     for root in roots:  # megatron is a namespace package: megatron-core's and Megatron Bridge's folders
         for file in sorted(root.rglob("*.py")):
-            if any(part in file.relative_to(root.parent).as_posix() for part in NOT_SCANNED):
+            relative = file.relative_to(root.parent)
+            if any(part in relative.as_posix() for part in NOT_SCANNED):
                 continue
             text = file.read_bytes()
             if not any(name.encode() in text for names in deferred_names.DEFERRED.values() for name in names):
                 continue
-            parts = file.relative_to(root.parent).with_suffix("").parts
-            package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
+            package = ".".join(relative.parts[:-1])  # a package's __init__.py, like its modules, is in that package
             sources = {
                 deferred_names.imported_from(node, package)
                 for node in ast.walk(ast.parse(text))
