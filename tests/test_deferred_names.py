@@ -341,30 +341,17 @@ def deferred_imports_installed() -> list[tuple[str, str, str]]:
 
 
 def read_whole(file: str, source: str, package: str) -> deferred_names.FromSource:
-    """from_source's answer, read with a walk of the whole tree per question and every node's parent."""
-    tree = ast.parse(Path(file).read_bytes())
-    imported = {
-        alias.asname or alias.name: alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and deferred_names.imported_from(node, package) == source
-        for alias in node.names
-    }
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    unanswered = set(deferred_names.spelled_in_all(list(ast.walk(tree))))
-    unanswered |= set(deferred_names.bound_otherwise(list(ast.walk(tree)), source, package))
-    unanswered |= {
-        node.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Name) and node.id in imported and not deferred_names.answered(node, parents)
-    }
-    answered = frozenset(imported.values()) - {imported[alias] for alias in unanswered if alias in imported}
-    return deferred_names.FromSource(imported, answered)
+    """from_source's answer, read from every node ast.walk gives and every node's parent."""
+    nodes = list(ast.walk(ast.parse(Path(file).read_bytes())))
+    parents = {child: node for node in nodes for child in ast.iter_child_nodes(node)}
+    imported = deferred_names.aliases(nodes, source, package)
+    return deferred_names.FromSource(imported, deferred_names.uses_answered(nodes, parents, imported, source, package))
 
 
-def test_one_pass_over_each_installed_file_reads_what_a_walk_per_question_reads():
+def test_one_pass_over_each_installed_file_reads_what_ast_walk_and_every_parent_read():
     """from_source walks a file's tree once (every further walk of a large module cost as much as parsing it: 0.25 s
     of the Llama recipe's 7 s --check on 2 cores). On every installed file that imports a postponed name, it reads
-    the same aliases and the same answered names as a walk of the whole tree per question."""
+    the same aliases and the same answered names as every node ast.walk gives, with every node's parent."""
     found = deferred_imports_installed()
     assert len(found) >= 30, found  # Megatron Bridge's builders and wrappers, transformers' losses, ModelOpt's plugin
     assert any(deferred_names.from_source(*one).answered for one in found)  # some names do wait
