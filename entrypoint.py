@@ -31,7 +31,6 @@ from typing import NoReturn, TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
 from launcher.errors import UsageError, report
-from launcher.imports import deferred_inits, deferred_names
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
 # a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
@@ -61,7 +60,7 @@ def chatter_held_back(quiet: bool) -> Iterator[None]:
 
 def missing_stack(error: ImportError) -> UsageError:
     """An image or Python without Megatron Bridge: say which one, and how to get one that has it."""
-    image = os.environ.get("SRUN_SH_IMAGE")
+    image = os.environ.get("SRUNSH_SQSH") if "RUN_DIR" in os.environ else None  # srun.sh's ranks in its container
     if image:
         fix = f"the image {image} lacks it: rebuild it with 'make build', or point SRUNSH_SQSH at an image that has it"
     else:
@@ -80,10 +79,6 @@ if COLLECTOR_HELD:
 # Megatron's checkpoint writer starts a Manager so at a run's first save. Such a process needs none of the training
 # stack, whose imports were most of the 28 s a first save took on the H200 (bench/results/gpu-suite.md).
 if __name__ != "__mp_main__":
-    if os.environ.get("SRUN_SH_IMPORT_ALL") != "1":
-        # the packages' own training path, and of the model bridges only hf_path's (docs/launch.md)
-        deferred_inits.install(bridges_wait=True)
-        deferred_names.install()
     try:
         with chatter_held_back(QUIET):
             from megatron.bridge.training.callbacks import CallbackManager

@@ -75,9 +75,6 @@ SRUNSH_HEALTH_TIMEOUT_S=${SRUNSH_HEALTH_TIMEOUT_S:-60}
 # Seconds without a completed training step after which srun.sh writes the hang report and stops the ranks (exit
 # 124); empty: 10 x the longest step so far, at least 5 min; off: never. Before the first step: 20 min, or more.
 SRUNSH_HANG_TIMEOUT_S=${SRUNSH_HANG_TIMEOUT_S:-}
-# 1: every rank imports its packages whole, as a plain import does (all of Megatron Bridge's model bridges, ModelOpt's
-# plugins); 0: only the modules its training path loads, so its imports end sooner (docs/launch.md, "Start-up").
-SRUNSH_IMPORT_ALL=${SRUNSH_IMPORT_ALL:-0}
 # A directory that exists on every node's own disk, where each rank keeps its Triton and TorchInductor caches so that
 # the next launch on the node skips compiling its fused kernels again (a container's /tmp is new at every start); the
 # container mounts it. Not on a file system the nodes share, where these caches race; off: in the container's /tmp.

@@ -8,7 +8,7 @@ it is `~` and more, or has a `=` after a first character that is no `=`; any oth
 
 import dataclasses
 
-from launcher.shell_quote import q
+from launcher.errors import q
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 supervisor on the launching host raises it too, and says it there (launcher/host/supervisor.py)."""
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -28,3 +29,19 @@ def report(error: UsageError) -> None:
         except OSError:
             pass  # no run directory to leave it in: say it here
     sys.stderr.write(line)
+
+
+def q(value: str) -> str:
+    """VALUE as one shell word on one line, for messages and printed commands: shlex's quoting, or bash's $'...' where
+    VALUE holds a character that does not print (a newline would break the line)."""
+    if value.isprintable():
+        return shlex.quote(value)
+    return "$'" + "".join(map(ansi_c_char, value)) + "'"
+
+
+def ansi_c_char(char: str) -> str:
+    """CHAR inside $'...': itself where it prints, else its bytes as \\xHH (a byte that os.fsdecode could not decode
+    is a lone surrogate, written as that byte)."""
+    if char.isprintable() and char not in "\\'":
+        return char
+    return "".join(f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogateescape"))

@@ -472,8 +472,9 @@ def test_bad_data_is_refused_before_training_with_its_line(
     monkeypatch: pytest.MonkeyPatch,
 ):
     """What every rank (and --check) runs before distributed init: entrypoint.py's resolve. The ranks run in srun.sh's
-    container, which sees SRUNSH_MOUNT's destinations only (srun.sh exports SRUNSH_MOUNT to them as SRUN_SH_MOUNT)."""
-    monkeypatch.setenv("SRUN_SH_MOUNT", f"{REPO}:/workspace/megatron,/fsx:/fsx,{tmp_path}:{tmp_path}")
+    container, which sees SRUNSH_MOUNT's destinations only (srun.sh exports RUN_DIR and SRUNSH_MOUNT to them)."""
+    monkeypatch.setenv("RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("SRUNSH_MOUNT", f"{REPO}:/workspace/megatron,/fsx:/fsx,{tmp_path}:{tmp_path}")
     arguments, message = case(World(prepared, corpus, tmp_path))
     with pytest.raises(UsageError) as refused:
         resolve(TINY, *arguments)
@@ -486,7 +487,7 @@ def test_a_missing_data_path_outside_the_container_says_only_that_it_is_missing(
     corpus: Corpus, tmp_path: Path, output_root: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """Without srun.sh's container (--local, --no-container, a user's --check) no SRUNSH_MOUNT applies."""
-    monkeypatch.delenv("SRUN_SH_MOUNT", raising=False)
+    monkeypatch.delenv("SRUNSH_MOUNT", raising=False)
     with pytest.raises(UsageError, match=f"data path {tmp_path}/web has no web.bin and web.idx; {tmp_path} holds no"):
         resolve(TINY, f"data_paths={tmp_path}/web", f"tokenizer_path={corpus.tokenizer}")
 

@@ -50,7 +50,7 @@ def cfg(tokenizer: Path):
 
 @pytest.fixture(autouse=True)
 def no_container(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("SRUN_SH_MOUNT", raising=False)
+    monkeypatch.delenv("SRUNSH_MOUNT", raising=False)
 
 
 def refusal(call, *args) -> str:
@@ -87,17 +87,25 @@ def test_data_path_is_read_as_megatron_bridge_makes_it_the_blend(cfg):
 # ---- the container's mounts ----------------------------------------------------------------------------------------
 
 
+def in_srun_sh_container(monkeypatch: pytest.MonkeyPatch, mounts: str) -> None:
+    """What srun.sh exports to its ranks in a container: RUN_DIR, and SRUNSH_MOUNT as it resolved it."""
+    monkeypatch.setenv("RUN_DIR", "/fsx/outputs/recipe/r1")
+    monkeypatch.setenv("SRUNSH_MOUNT", mounts)
+
+
 def test_the_mount_destinations_are_those_srun_sh_exports(monkeypatch: pytest.MonkeyPatch):
     assert data.container_mounts() is None
-    monkeypatch.setenv("SRUN_SH_MOUNT", "")
+    monkeypatch.setenv("SRUNSH_MOUNT", "/data:/fsx")
+    assert data.container_mounts() is None  # the knob, exported for srun.sh: this is no rank that srun.sh started
+    in_srun_sh_container(monkeypatch, "")
     assert data.container_mounts() is None
-    monkeypatch.setenv("SRUN_SH_MOUNT", "/home/me/repo:/workspace/megatron,/fsx:/fsx:ro,/scratch")
+    in_srun_sh_container(monkeypatch, "/home/me/repo:/workspace/megatron,/fsx:/fsx:ro,/scratch")
     assert data.container_mounts() == ["/workspace/megatron", "/fsx"]  # pyxis's SRC:DST[:FLAGS]; a bare path is none
 
 
 def test_a_path_under_a_destination_is_visible_and_one_outside_says_how_to_mount_it(monkeypatch: pytest.MonkeyPatch):
     assert data.outside_mounts("/elsewhere/web") is None  # no container: nothing to say
-    monkeypatch.setenv("SRUN_SH_MOUNT", "/data:/fsx,/home/me:/workspace")
+    in_srun_sh_container(monkeypatch, "/data:/fsx,/home/me:/workspace")
     assert data.outside_mounts("/fsx/corpus/web") is None
     assert data.outside_mounts("/workspace/web") is None
     assert data.outside_mounts("/elsewhere/web") == (
@@ -128,7 +136,7 @@ def test_a_tokenizer_folder_not_there_is_named_with_where_it_is_looked_for(cfg, 
     assert str(refused.value) == (
         f"tokenizer_path {tmp_path}/gone does not exist: give the folder the data was prepared with"
     )
-    monkeypatch.setenv("SRUN_SH_MOUNT", "/data:/fsx")
+    in_srun_sh_container(monkeypatch, "/data:/fsx")
     with pytest.raises(UsageError, match=f"^tokenizer_path {tmp_path}/gone is outside every SRUNSH_MOUNT destination"):
         data.tokenizer_vocab_size(cfg)
 
@@ -208,7 +216,7 @@ def test_a_misspelt_prefix_is_shown_the_datasets_its_folder_holds(tmp_path):
 
 
 def test_a_missing_dataset_outside_the_container_says_so_first(tmp_path, monkeypatch):
-    monkeypatch.setenv("SRUN_SH_MOUNT", "/data:/fsx")
+    in_srun_sh_container(monkeypatch, "/data:/fsx")
     with pytest.raises(UsageError, match=f"^data path {tmp_path}/web is outside every SRUNSH_MOUNT destination"):
         data.check_dataset(f"{tmp_path}/web", VOCAB, "tok")
 

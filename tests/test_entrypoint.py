@@ -261,7 +261,7 @@ def test_a_python_without_the_stack_names_the_image_and_the_fix(tmp_path: Path):
     result = subprocess.run(
         [str(bare / "bin" / "python"), str(REPO / "entrypoint.py"), TINY],
         capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "SRUN_SH_IMAGE": "/fsx/images/old.sqsh"},
+        env={**os.environ, "RUN_DIR": str(tmp_path / "run"), "SRUNSH_SQSH": "/fsx/images/old.sqsh"},
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr == (
@@ -399,7 +399,7 @@ def test_launch_record_keeps_only_known_variables_and_no_credentials(
 def test_launch_record_names_the_allocations_job_not_srun_sh_step(output_root: Path, monkeypatch: pytest.MonkeyPatch):
     """Inside srun.sh's step SLURM_JOB_NAME is the step's --job-name; srun.sh passes the job's own name on."""
     monkeypatch.setenv("SLURM_JOB_NAME", "srunsh-4242-20261201-101500")
-    monkeypatch.setenv("SRUN_SH_JOB_NAME", "llama-pretraining")
+    monkeypatch.setenv("SRUNSH_JOB_NAME", "llama-pretraining")
     run_dir = output_root / "tiny_gpt_pretrain" / "test-run"
     entrypoint.outputs.save_run_record(resolve(TINY), run_dir)
     environment = json.loads((run_dir / "launch.json").read_text())["environment"]

@@ -137,7 +137,7 @@ def test_the_check_validates_the_ranks_that_train_not_the_spares():
 
 def test_a_recipe_that_turns_it_on_under_a_launch_that_did_not_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("RUN_DIR", str(tmp_path))
-    monkeypatch.setenv("SRUN_SH_INPROCESS", "0")
+    monkeypatch.setenv("SRUNSH_INPROCESS", "0")
     recipe = tmp_path / "own_recipe.py"
     recipe.write_text(
         "from megatron.bridge.training.config import InProcessRestartConfig\n"

@@ -1,7 +1,8 @@
 """launcher/host/preflight.py reads values as srun.sh's bash did before the checks moved there: its messages quote a
-value as bash's printf %q does, and SRUNSH_MOUNT and CUDA_VISIBLE_DEVICES split as bash's read splits them. Each is
-compared with bash itself, on text the code did not choose."""
+value so that bash reads it back, on one line, and SRUNSH_MOUNT and CUDA_VISIBLE_DEVICES split as bash's read splits
+them. Each is compared with bash itself, on text the code did not choose."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -22,10 +23,14 @@ def bash(script: str, *args: str) -> str:
     return subprocess.run(["bash", "-c", script, "bash", *args], capture_output=True, text=True, check=True).stdout
 
 
-@settings(max_examples=60, deadline=None)
-@given(value=TEXT)
-def test_values_are_quoted_as_bash_quotes_them(value: str):
-    assert q(value) == bash('printf "%q" "$1"', value)
+@settings(max_examples=100, deadline=None)
+@given(value=TEXT | st.binary(max_size=20).filter(lambda data: b"\0" not in data).map(os.fsdecode))
+def test_a_quoted_value_is_one_line_that_bash_reads_back_as_the_value(value: str):
+    """Messages and printed commands quote values with q: any text, or any bytes a file name or argument can hold."""
+    quoted = q(value)
+    assert "\n" not in quoted
+    said = subprocess.run(["bash", "-c", f"printf %s {quoted}"], capture_output=True, check=True).stdout
+    assert said == os.fsencode(value)
 
 
 @settings(max_examples=100, deadline=None)

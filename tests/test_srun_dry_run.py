@@ -31,8 +31,8 @@ def test_dry_run_local_prints_a_torchrun_command_that_runs_unchanged_when_pasted
     assert result.returncode == 0, result.stderr
     assert srun_world.calls() == []
     assert srun_world.run_dirs() == []
-    exports = lines_starting(result.stdout, "export ")
-    (launch_line,) = [line for line in result.stdout.splitlines() if not line.startswith(("#", "export "))]
+    exports = [line for line in result.stdout.splitlines() if line.startswith(("export ", "unset "))]
+    (launch_line,) = [line for line in result.stdout.splitlines() if not line.startswith(("#", "export ", "unset "))]
     words = bash_words(launch_line)
     assert words[1:3] == [b"-m", b"torch.distributed.run"]
     assert b"--nproc-per-node=2" in words
@@ -65,7 +65,7 @@ def test_dry_run_with_container_runs_the_checkouts_code_through_mount_in_an_unna
 
     assert result.returncode == 0, result.stderr
     assert srun_world.calls() == []
-    assert "nsys" not in result.stdout.replace("export NSYS=nsys", "")
+    assert "nsys" not in result.stdout.replace("unset SRUNSH_NSYS", "")
     (srun_line,) = lines_starting(result.stdout, "srun ")
     words = bash_words(srun_line)
     code = f"/fsx/{REPO.name}".encode()
@@ -137,19 +137,9 @@ def test_dry_run_names_the_container_when_container_name_is_set(srun_world: Srun
     assert words[words.index(b"--container-workdir=/work") + 1] == b"--container-name=megatron"
 
 
-def test_the_import_all_knob_reaches_every_rank_and_the_hosts_own_variable_does_not(srun_world: SrunWorld):
-    """SRUNSH_IMPORT_ALL is the knob; SRUN_SH_IMPORT_ALL, what the ranks read, is set from it whatever the host has."""
-    env = {"SRUNSH_GPUS_PER_NODE": "1", "SRUN_SH_IMPORT_ALL": "1"}
-    for knob, seen in ((None, "0"), ("1", "1"), ("0", "0")):
-        knobs = {} if knob is None else {"SRUNSH_IMPORT_ALL": knob}
-        result = srun_world.srun_sh("--dry-run", "--local", "recipe.py", env={**env, **knobs})
-        assert result.returncode == 0, result.stderr
-        assert f"export SRUN_SH_IMPORT_ALL={seen}" in lines_starting(result.stdout, "export ")
-
-
 @pytest.mark.parametrize(
     ("cache", "added", "shown"),
-    [("off", "", "''"), ("/var/tmp", ",/var/tmp:/var/tmp", "/var/tmp"), ("/nvme/c/", ",/nvme/c:/nvme/c", "/nvme/c")],
+    [("off", "", "off"), ("/var/tmp", ",/var/tmp:/var/tmp", "/var/tmp"), ("/nvme/c/", ",/nvme/c:/nvme/c", "/nvme/c")],
 )
 def test_dry_run_mounts_the_compile_cache_at_its_own_path_unless_off(
     srun_world: SrunWorld, cache: str, added: str, shown: str
@@ -161,7 +151,7 @@ def test_dry_run_mounts_the_compile_cache_at_its_own_path_unless_off(
 
     assert result.returncode == 0, result.stderr
     assert b"--container-mounts=" + (mounts + added).encode() in bash_words(lines_starting(result.stdout, "srun ")[0])
-    assert f"export SRUN_SH_COMPILE_CACHE={shown}" in lines_starting(result.stdout, "export ")
+    assert f"export SRUNSH_COMPILE_CACHE={shown}" in lines_starting(result.stdout, "export ")
 
 
 def test_dry_run_does_not_mount_a_compile_cache_the_user_mounts_already(srun_world: SrunWorld):

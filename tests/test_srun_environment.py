@@ -93,5 +93,5 @@ def test_the_first_line_of_a_launch_names_the_knobs_from_the_environment(srun_wo
     python = srun_world.env["SRUNSH_PYTHON"]
     assert result.stderr.splitlines()[0] == (
         f"# srun.sh: knobs from the environment: MASTER_PORT=31337 SRUNSH_GPUS_PER_NODE=1 SRUNSH_PYTHON={python}"
-        " SRUNSH_SRUN_EXTRA_ARGS=--exclusive\\ --time=1"
+        " SRUNSH_SRUN_EXTRA_ARGS='--exclusive --time=1'"
     )

@@ -19,6 +19,7 @@ DRY_RUNS = (
     ("--dry-run", "--local", "recipe.py"),
     ("--dry-run", "--no-container", "recipe.py"),
     ("--dry-run", "recipe.py"),
+    ("--dry-run", "--nsys", "recipe.py"),  # the ranks get SRUNSH_NSYS under --nsys only
     ("--dry-run", "--health", "--local"),
     ("--sbatch", "--nodes=2", "--", "--dry-run", "recipe.py"),
 )

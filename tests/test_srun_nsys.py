@@ -44,7 +44,7 @@ def test_nsys_option_tells_the_ranks_and_appends_the_switch_once_never_over_a_us
     assert appended.returncode == 0, appended.stderr
     record = srun_world.records()[0]
     assert record["argv"][1:] == [b"recipe.py", b"profiling.use_nsys_profiler=true"]
-    assert record["env"]["SRUN_SH_NSYS"] == "1"
+    assert record["env"]["SRUNSH_NSYS"] == "true"  # the nsys the profiled ranks run
 
     user_set = srun_world.srun_sh(
         "--nsys",
@@ -62,7 +62,7 @@ def test_without_nsys_option_the_ranks_are_not_told_to_profile(srun_world: SrunW
 
     assert result.returncode == 0, result.stderr
     for record in srun_world.records().values():
-        assert record["env"]["SRUN_SH_NSYS"] == "0"
+        assert "SRUNSH_NSYS" not in record["env"]
         assert b"profiling.use_nsys_profiler=true" not in record["argv"]
 
 
@@ -78,11 +78,10 @@ def tiny_config(output_root: Path):
 
 @pytest.mark.parametrize("rank", range(4))
 def test_exactly_the_profile_ranks_run_under_nsys(tiny_config, rank: int, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("SRUN_SH_NSYS", "1")
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RUN_DIR", "/runs/r1")
-    monkeypatch.setenv("NSYS", "/opt/nsys/bin/nsys")
+    monkeypatch.setenv("SRUNSH_NSYS", "/opt/nsys/bin/nsys")
     monkeypatch.delenv(nsys.UNDER_NSYS, raising=False)
 
     command = nsys.profile_command(tiny_config, ["entrypoint.py", "recipe.py", "a=1"])
@@ -104,8 +103,11 @@ def test_exactly_the_profile_ranks_run_under_nsys(tiny_config, rank: int, monkey
     ]
     monkeypatch.setenv(nsys.UNDER_NSYS, "1")
     assert nsys.profile_command(tiny_config, ["entrypoint.py"]) is None
-    monkeypatch.setenv("SRUN_SH_NSYS", "0")
     monkeypatch.delenv(nsys.UNDER_NSYS)
+    monkeypatch.delenv("RUN_DIR")  # a host's SRUNSH_NSYS, set for srun.sh, makes no process outside a launch profile
+    assert nsys.profile_command(tiny_config, ["entrypoint.py"]) is None
+    monkeypatch.setenv("RUN_DIR", "/runs/r1")
+    monkeypatch.delenv("SRUNSH_NSYS")
     assert nsys.profile_command(tiny_config, ["entrypoint.py"]) is None
 
 

@@ -242,7 +242,7 @@ def test_dry_run_inside_an_allocation_shows_the_job_and_starts_no_step(slurm_wor
     srun_line = next(line for line in lines if line.startswith("srun "))
     assert srun_line.startswith("srun --nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=4 --distribution=block")
     assert " --mpi=none " in srun_line
-    assert srun_line.endswith("recipe.py a=b\\ c")
+    assert srun_line.endswith("recipe.py 'a=b c'")
 
 
 def test_launches_started_together_in_one_allocation_get_runs_and_ports_of_their_own(slurm_world: SrunWorld):

@@ -1,6 +1,6 @@
 """The data a run trains on, checked where the ranks will read it, before any of them joins the job; each failure is a
 one-line UsageError. Each dataset of the blend (data_paths=, dataset.blend / blend_per_split / data_path) must have its
-PREFIX.bin and PREFIX.idx, seen from inside the container (SRUN_SH_MOUNT, srun.sh's SRUNSH_MOUNT, says when not); the
+PREFIX.bin and PREFIX.idx, seen from inside the container (SRUNSH_MOUNT says when not); the
 index must describe exactly the bytes of the data file; the token ids (the header's dtype, a sample of sequences) must
 fit the tokenizer, a real one; and every split must be one megatron-core can build (launcher/config/splits.py).
 describe() is the line a run prints once: what it trains on, mock data included.
@@ -64,8 +64,9 @@ def check_data(cfg: ConfigContainer) -> None:
 
 
 def container_mounts() -> list[str] | None:
-    """The SRUNSH_MOUNT destinations when the ranks run in srun.sh's container (SRUN_SH_MOUNT), else None."""
-    mount = os.environ.get("SRUN_SH_MOUNT")
+    """The SRUNSH_MOUNT destinations when the ranks run in srun.sh's container, else None: srun.sh sets RUN_DIR for its
+    ranks, and SRUNSH_MOUNT (resolved) only for those in a container; a value a host exports for srun.sh means none."""
+    mount = os.environ.get("SRUNSH_MOUNT") if "RUN_DIR" in os.environ else None
     return [entry.split(":")[1] for entry in mount.split(",") if ":" in entry] if mount else None
 
 
@@ -77,7 +78,7 @@ def outside_mounts(path: str) -> str | None:
         return None
     return (
         f"is outside every SRUNSH_MOUNT destination ({', '.join(destinations)}), so the ranks cannot see it in the"
-        f" container: add its folder to SRUNSH_MOUNT (now {os.environ['SRUN_SH_MOUNT']}) and give the path it has there"
+        f" container: add its folder to SRUNSH_MOUNT (now {os.environ['SRUNSH_MOUNT']}) and give the path it has there"
     )
 
 

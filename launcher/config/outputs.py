@@ -69,8 +69,8 @@ def without_url_credentials(text: str) -> str:
 
 def recorded_environment() -> dict[str, str]:
     environment = dict(os.environ)
-    if "SRUN_SH_JOB_NAME" in environment:  # inside srun.sh's step, SLURM_JOB_NAME is the step's name
-        environment["SLURM_JOB_NAME"] = environment["SRUN_SH_JOB_NAME"]
+    if "SRUNSH_JOB_NAME" in environment:  # inside srun.sh's step, SLURM_JOB_NAME is the step's name
+        environment["SLURM_JOB_NAME"] = environment["SRUNSH_JOB_NAME"]
     return {
         name: without_url_credentials(value)
         for name, value in sorted(environment.items())

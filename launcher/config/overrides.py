@@ -33,7 +33,6 @@ from omegaconf.errors import InterpolationResolutionError
 
 import viztracer_plugin
 from launcher.errors import UsageError, first_line
-from launcher.imports import deferred_inits
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
 RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)
@@ -118,7 +117,6 @@ def split_for_configure(
 
 
 def build_config(recipe: ModuleType, kwargs: dict[str, Any]) -> ConfigContainer:
-    deferred_inits.register_bridges(hf_path(recipe.configure, kwargs))
     try:
         cfg = recipe.configure(**kwargs)
     except RECIPE_ERRORS as error:
@@ -129,13 +127,6 @@ def build_config(recipe: ModuleType, kwargs: dict[str, Any]) -> ConfigContainer:
         raise UsageError(f"recipe {name}: configure() returned {kind}, not a ConfigContainer")
     viztracer_plugin.add_viztracer_field(cfg)
     return cfg
-
-
-def hf_path(configure: Callable[..., ConfigContainer], kwargs: dict[str, Any]) -> str | None:
-    """The Hugging Face folder configure() reads its architecture from: hf_path as given, else its default."""
-    parameter = inspect.signature(configure).parameters.get("hf_path")
-    value = kwargs.get("hf_path", parameter.default if parameter else None)
-    return value if isinstance(value, str) else None
 
 
 def add_sections(cfg: ConfigContainer, overrides: list[Override]) -> None:

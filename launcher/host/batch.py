@@ -14,11 +14,10 @@ import sys
 from collections.abc import Callable
 
 from launcher import run_files
-from launcher.errors import UsageError
+from launcher.errors import UsageError, q
 from launcher.host import command
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import REPO, Knobs, parse_options, preflight
-from launcher.shell_quote import q
 
 JOB_SCRIPT_HEAD = (
     "#!/usr/bin/env bash\n# srun.sh --sbatch: one run that saves before its time limit and requeues itself.\n"

@@ -11,18 +11,18 @@ import os
 import sys
 from typing import BinaryIO
 
+from launcher.errors import q
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import HEALTH_PROGRAM
-from launcher.shell_quote import q
 
 # The rank environment that --dry-run shows, in this order.
 SHOWN = (
     *("NCCL_DEBUG", "OMP_NUM_THREADS", "NCCL_GIN_TYPE", "DEEP_EP_BACKEND", "MASTER_ADDR", "MASTER_PORT", "RUN_ID"),
-    *("RUN_DIR", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NSYS", "SRUN_SH_NSYS", "SRUN_SH_IMPORT_ALL"),
-    "SRUN_SH_COMPILE_CACHE",
+    *("RUN_DIR", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SRUNSH_NSYS", "SRUNSH_COMPILE_CACHE"),
 )
-# srun.sh's own variables for the ranks, never inherited from the launching host.
-OWN = ("SRUN_SH_IMAGE", "SRUN_SH_JOB_NAME", "SRUN_SH_MOUNT", "SRUN_SH_UNDER_NSYS", "RANK", "LOCAL_RANK")
+# What srun.sh sets for the ranks only where the launch has it (a container, --nsys), never inherited from the launching
+# host; a knob among them keeps its name and meaning (SRUNSH_SQSH, SRUNSH_MOUNT, SRUNSH_NSYS), checked and resolved.
+OWN = ("SRUNSH_SQSH", "SRUNSH_MOUNT", "SRUNSH_NSYS", "SRUNSH_JOB_NAME", "SRUNSH_UNDER_NSYS", "RANK", "LOCAL_RANK")
 
 
 def rank_environment(plan: LaunchPlan) -> dict[str, str]:
@@ -34,18 +34,17 @@ def rank_environment(plan: LaunchPlan) -> dict[str, str]:
         "WORLD_SIZE": str(plan.world_size),
         "LOCAL_WORLD_SIZE": str(plan.ranks_per_node),
         "RUN_ID": plan.run_id,
-        "NSYS": plan.nsys_path,
         "RUN_DIR": plan.rank_run_dir,
-        "SRUN_SH_NSYS": str(int(plan.nsys)),
-        "SRUN_SH_INPROCESS": str(int(plan.inprocess)),
-        "SRUN_SH_IMPORT_ALL": str(int(plan.import_all)),
-        "SRUN_SH_COMPILE_CACHE": plan.compile_cache,  # launcher/rank/rank.sh keeps the rank's kernel caches there
+        "SRUNSH_INPROCESS": str(int(plan.inprocess)),
+        "SRUNSH_COMPILE_CACHE": plan.compile_cache or "off",  # where launcher/rank/rank.sh keeps kernel caches
     }
+    if plan.nsys:
+        env["SRUNSH_NSYS"] = plan.nsys_path  # the profiled ranks start again under it (launcher/rank/nsys.py)
     if plan.container:
-        env["SRUN_SH_IMAGE"] = plan.image  # named in entrypoint.py's error when the image lacks the stack
-        env["SRUN_SH_MOUNT"] = plan.container_mounts  # named in the data checks' error for a path outside it
+        env["SRUNSH_SQSH"] = plan.image  # named in entrypoint.py's error when the image lacks the stack
+        env["SRUNSH_MOUNT"] = plan.container_mounts  # the data checks see paths as the container does
     if os.environ.get("SLURM_JOB_NAME"):
-        env["SRUN_SH_JOB_NAME"] = os.environ["SLURM_JOB_NAME"]  # launch.json's: the step gets its own name
+        env["SRUNSH_JOB_NAME"] = os.environ["SLURM_JOB_NAME"]  # launch.json's: the step gets its own name
     if plan.ranks_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         # torchrun's rule: ranks that share a node get one CPU thread each, a node's only rank every CPU it may use (one
         # thread cost the Llama 3 8B shape's model set-up about 2 s on one H100: bench/results/startup.md)

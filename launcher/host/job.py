@@ -13,13 +13,13 @@ import os
 import subprocess
 import sys
 import time
+import zlib
 
-from launcher.errors import UsageError
+from launcher.errors import UsageError, q
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import Knobs
 from launcher.host.slurm import master_address
 from launcher.run_files import private_files
-from launcher.shell_quote import q
 
 PORT_BASE, PORT_SPAN = 20000, 12768  # below Linux's ephemeral range (32768+)
 
@@ -54,21 +54,10 @@ def resolve_hosts(local: bool, master_addr: str) -> tuple[list[str], str]:
     return hosts, master_addr
 
 
-def cksum(data: bytes) -> int:
-    """POSIX cksum's CRC of DATA (the CRC-32 of the data and its length, most significant bit first)."""
-    crc, length = 0, len(data)
-    for byte in data + length.to_bytes((length.bit_length() + 7) // 8, "little"):
-        crc ^= byte << 24
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x04C11DB7) if crc & 0x80000000 else crc << 1
-            crc &= 0xFFFFFFFF
-    return ~crc & 0xFFFFFFFF
-
-
 def run_port(run_root: str, run_base: str, taken: int) -> str:
     """20000-32767, derived from the run's folder (RUN_BASE: its id before a -N suffix), so that two runs on one node
     differ; launches that took their ids in the same second differ by how many (TAKEN) were taken before."""
-    checksum = cksum(os.fsencode(f"{run_root}/{run_base}\n"))
+    checksum = zlib.crc32(os.fsencode(f"{run_root}/{run_base}"))
     return str(PORT_BASE + (checksum + taken) % PORT_SPAN)
 
 

@@ -46,7 +46,6 @@ class LaunchPlan:
     master_addr: str = ""
     master_port: str = ""
     inprocess: bool = False
-    import_all: bool = False  # the ranks run their packages' inits whole (launcher/imports/deferred_inits.py)
     compile_cache: str = ""  # SRUNSH_COMPILE_CACHE's directory, one path on the nodes and in the container; "": off
 
     @property

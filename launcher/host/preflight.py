@@ -13,11 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.assignments import NotAssignmentError, assignment
-from launcher.errors import UsageError
+from launcher.errors import UsageError, q
 from launcher.host.compile_cache import shared_file_system
 from launcher.host.mounts import Mount, container_path, mount_of, split_mount
 from launcher.host.plan import LaunchPlan
-from launcher.shell_quote import q
 
 Knobs = dict[str, str]
 Checks = dict[str, tuple[Callable[[str], object], str]]  # a knob's name: whether a value is taken, and why not
@@ -57,10 +56,6 @@ KNOB_CHECKS: Checks = {
     "SRUNSH_HEALTH": (
         lambda value: value in ("0", "1"),
         "is not 0 or 1: SRUNSH_HEALTH=1 runs the health check before the launch",
-    ),
-    "SRUNSH_IMPORT_ALL": (
-        lambda value: value in ("0", "1"),
-        "is not 0 or 1: SRUNSH_IMPORT_ALL=1 makes every rank import its packages whole",
     ),
     "SRUNSH_HEALTH_TIMEOUT_S": (
         POSITIVE.fullmatch,
@@ -321,7 +316,6 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
     plan.srun_extra_args = knob["SRUNSH_SRUN_EXTRA_ARGS"].split("\n", 1)[0].split()
     plan.health = plan.health_only or knob["SRUNSH_HEALTH"] == "1"
     plan.health_timeout_s, plan.hang_timeout_s = knob["SRUNSH_HEALTH_TIMEOUT_S"], knob["SRUNSH_HANG_TIMEOUT_S"]
-    plan.import_all = knob["SRUNSH_IMPORT_ALL"] == "1"
     environment_knobs(knob_names(), plan)
     recipe = check_arguments(plan, words)
     if sbatch_args is not None:

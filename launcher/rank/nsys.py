@@ -20,19 +20,20 @@ PROFILE_ARGS = (
     " --enable efa_metrics --force-overwrite=true"
 ).split()
 # Set in the process nsys starts, so it does not start nsys again.
-UNDER_NSYS = "SRUN_SH_UNDER_NSYS"
+UNDER_NSYS = "SRUNSH_UNDER_NSYS"
 HOST = socket.gethostname().split(".")[0]
 
 
 def profile_command(cfg: ConfigContainer, argv: list[str]) -> list[str] | None:
     """The command that runs this rank (`python argv`) under nsys, or None when this rank is not profiled."""
-    if os.environ.get("SRUN_SH_NSYS") != "1" or os.environ.get(UNDER_NSYS):
+    # srun.sh --nsys sets SRUNSH_NSYS for its ranks (RUN_DIR): the knob a host exports for srun.sh profiles nothing
+    if "RUN_DIR" not in os.environ or not os.environ.get("SRUNSH_NSYS") or os.environ.get(UNDER_NSYS):
         return None
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if rank not in profiled_ranks(cfg, world_size):
         return None
     report = Path(os.environ.get("RUN_DIR", ".")) / "nsys" / f"profile-{HOST}-rank{rank}"
-    return [os.environ.get("NSYS", "nsys"), *PROFILE_ARGS, "-o", str(report), sys.executable, *argv]
+    return [os.environ["SRUNSH_NSYS"], *PROFILE_ARGS, "-o", str(report), sys.executable, *argv]
 
 
 def exec_under_nsys(command: list[str]) -> None:

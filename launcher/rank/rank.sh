@@ -64,12 +64,12 @@ export_gloo_interface() {
 }
 
 # Triton's and TorchInductor's caches, one folder per rank of a node so that no two ranks race on one: in the node's
-# SRUNSH_COMPILE_CACHE (srun.sh passes it as SRUN_SH_COMPILE_CACHE, "" when off), where the next launch on this node
-# finds the kernels compiled, or else in /tmp. A value the user set wins. The folder is this user's alone: a cache
-# holds shared libraries the rank loads, and the directory is one every user of the node may write in.
+# SRUNSH_COMPILE_CACHE (as srun.sh checked it), where the next launch on this node finds the kernels compiled, or else
+# (off) in /tmp. A value the user set wins. The folder is this user's alone: a cache holds shared libraries the rank
+# loads, and the directory is one every user of the node may write in.
 export_compile_caches() {
-  local root=${SRUN_SH_COMPILE_CACHE:-}
-  if [[ -z $root ]]; then
+  local root=${SRUNSH_COMPILE_CACHE:-off}
+  if [[ $root == off ]]; then
     export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache_$RANK}
     return
   fi

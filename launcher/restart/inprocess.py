@@ -66,7 +66,7 @@ def check_timeouts(config: InProcessRestartConfig) -> None:
 
 def check_launcher_knows() -> None:
     """srun.sh learns of in-process restart from the command line only: not from a recipe that turns it on."""
-    if "RUN_DIR" in os.environ and os.environ.get("SRUN_SH_INPROCESS") not in ("1", None):
+    if "RUN_DIR" in os.environ and os.environ.get("SRUNSH_INPROCESS") not in ("1", None):
         raise UsageError(
             "the recipe turns in-process restart on, but srun.sh started the ranks without it, so the job would still"
             " end at the first failed rank: add inprocess_restart.enabled=true to the command line"

@@ -18,7 +18,7 @@ import yaml
 
 from bench import megatron_log
 from tests import hf_models
-from tests.gpu.conftest import GPUS, REPO, Run, needs_two_gpus, run_with_time_limit, tail
+from tests.gpu.conftest import GPUS, REPO, Run, needs_two_gpus, parse_log, run_with_time_limit, tail
 
 pytestmark = pytest.mark.gpu
 
@@ -72,18 +72,32 @@ def test_deepseek_v2_lite_shape_from_local_config_trains_with_ep2_alltoall(launc
     assert "moe_token_dispatcher_type = 'alltoall'" in run.log
 
 
-def test_tiny_recipe_trains_the_same_with_imports_postponed_or_whole(launch, record):
-    """Issue 48: a rank that postpones the packages and names its recipe does not train with (the default) trains as one
-    that imports them whole, as the upstream launch does (SRUNSH_IMPORT_ALL=1): 20 losses equal as Megatron prints
-    them."""
-    overrides = (*DETERMINISTIC, "train.train_iters=20", "logger.log_interval=1")
-    runs = {}
-    for import_all in ("0", "1"):
-        runs[import_all] = launch(TINY, *overrides, env={**DETERMINISTIC_ENV, "SRUNSH_IMPORT_ALL": import_all})
-        record(runs[import_all], import_all=import_all)
-        assert runs[import_all].returncode == 0, tail(runs[import_all])
-    assert sorted(runs["0"].losses) == list(range(1, 21))
-    assert runs["0"].losses == runs["1"].losses
+def test_tiny_recipe_trains_as_the_upstream_launch_does(launch, record, tmp_path: Path):
+    """Nothing srun.sh or entrypoint.py does changes the training: in Megatron's deterministic mode, the tiny recipe's
+    20 losses as Megatron prints them are those of the upstream launch (torchrun running bench/upstream_pretrain.py:
+    Megatron Bridge's own overrides and pretrain). Without APEX the upstream launch needs the fusion off, which
+    entrypoint.py turns off by itself: both get it."""
+    overrides = (
+        *DETERMINISTIC,
+        "train.train_iters=20",
+        "logger.log_interval=1",
+        "model.gradient_accumulation_fusion=false",
+    )
+    ours = launch(TINY, *overrides, env=DETERMINISTIC_ENV)
+    record(ours, launch="srun.sh --local")
+    upstream_command = [
+        *(sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={GPUS}"),
+        *(str(REPO / "bench" / "upstream_pretrain.py"), str(REPO / "recipes" / TINY), *overrides),
+    ]
+    finished = run_with_time_limit(
+        upstream_command, cwd=tmp_path, env={**os.environ, **DETERMINISTIC_ENV}, timeout_s=420
+    )
+    upstream = parse_log(Run(finished.returncode, "".join(finished.lines), finished.wall_s, None, None))
+    record(upstream, launch="torchrun bench/upstream_pretrain.py")
+    assert ours.returncode == 0, tail(ours)
+    assert upstream.returncode == 0, tail(upstream)
+    assert sorted(ours.losses) == list(range(1, 21))
+    assert ours.losses == upstream.losses
 
 
 def first_loss_check(launch, record, shape: str, recipe: str, hf_path: Path, *overrides: str) -> None:
