@@ -767,6 +767,24 @@ def test_health_json_and_the_table_say_every_figure_and_verdict(four_nodes: Layo
     assert ranges([2, 3]) == "2-3"
 
 
+@pytest.mark.parametrize(
+    ("message", "recorded"),
+    [
+        ("NCCL error: unhandled system error\nLast error: ...", "NCCL error: unhandled system error"),
+        ("", ""),
+        (" \n ", ""),
+    ],
+)
+def test_a_ranks_error_is_recorded_by_its_first_line_even_when_it_has_none(tmp_path, message: str, recorded: str):
+    """A torch error whose text is only whitespace is recorded too, not lost to an IndexError in the rank."""
+    record = Record(tmp_path / "health" / "rank-0.json", {"rank": 0, "host": "a"})
+    record.enter("node.all_reduce", [0, 1])
+
+    record.fail(RuntimeError(message))
+
+    assert json.loads((tmp_path / "health" / "rank-0.json").read_text())["error"] == f"RuntimeError: {recorded}"
+
+
 def test_a_member_still_at_the_start_is_named_with_its_stage_as_launcher_health_records_it(four_nodes, tmp_path):
     """launcher/health.py's record of a rank in the rendezvous has no part yet (None) and the stage "rendezvous"."""
     record = Record(tmp_path / "health" / "rank-2.json", {"rank": 2, "host": "b"})

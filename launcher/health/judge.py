@@ -188,7 +188,9 @@ def outliers(measured: dict) -> dict:
     median and further than how far the median samples typically lie below the best (noise is no outlier: on GPUs
     samples agree to a few percent, gloo's on a shared CPU do not). A median of 0 (most GPUs with no memory free)
     leaves nothing to be below."""
-    median = statistics.median(value for value, _ in measured.values()) if len(measured) > 1 else 0.0
+    if len(measured) < 2:
+        return {}
+    median = statistics.median(value for value, _ in measured.values())
     if median <= 0:
         return {}
     noise = statistics.median(1 - value / best if best else 0.0 for value, best in measured.values())
