@@ -23,9 +23,20 @@ from hypothesis import strategies as st
 
 from launcher.health import report as health_report
 from launcher.health.check import GPU_SIZES, RETEST_CYCLES, Record, best_pairs, pair_rounds, retest_plan
-from launcher.health.judge import Node, arrangements, judge, noise_chance, outliers
-from launcher.health.records import Layout, Run, describe, exit_statuses, part_order, ranges, read_records
-from launcher.health.table import console, job_figures, number, write_results
+from launcher.health.judge import (
+    Layout,
+    Node,
+    Run,
+    describe,
+    exit_statuses,
+    judge,
+    noise_chance,
+    orders_at_most,
+    outliers,
+    part_order,
+    ranges,
+)
+from launcher.health.report import console, job_figures, number, read_records, write_results
 
 DOCS = (Path(__file__).resolve().parents[1] / "docs" / "health.md").read_text()
 # What docs/health.md promises, read from its text (never from the module's constants).
@@ -392,7 +403,8 @@ def test_the_rank_tests_arrangements_are_every_order_counted_by_its_inversions(l
     for places in itertools.combinations(range(low + high), low):  # the low values' places in the sorted whole
         counts[sum(1 for place in places for other in range(place) if other not in places)] += 1
 
-    assert arrangements(low, high) == counts
+    at_most = list(itertools.accumulate(counts))
+    assert [orders_at_most(low, high, inverted) for inverted in range(low * high + 1)] == at_most
 
 
 @settings(deadline=None)
@@ -753,6 +765,24 @@ def test_health_json_and_the_table_say_every_figure_and_verdict(four_nodes: Layo
     assert not any(line.startswith("job (") for line in lines)  # no job figures measured
     assert ranges([4, 0, 1, 5]) == "0,1,4,5" and ranges([3]) == "3"
     assert ranges([2, 3]) == "2-3"
+
+
+@pytest.mark.parametrize(
+    ("message", "recorded"),
+    [
+        ("NCCL error: unhandled system error\nLast error: ...", "NCCL error: unhandled system error"),
+        ("", ""),
+        (" \n ", ""),
+    ],
+)
+def test_a_ranks_error_is_recorded_by_its_first_line_even_when_it_has_none(tmp_path, message: str, recorded: str):
+    """A torch error whose text is only whitespace is recorded too, not lost to an IndexError in the rank."""
+    record = Record(tmp_path / "health" / "rank-0.json", {"rank": 0, "host": "a"})
+    record.enter("node.all_reduce", [0, 1])
+
+    record.fail(RuntimeError(message))
+
+    assert json.loads((tmp_path / "health" / "rank-0.json").read_text())["error"] == f"RuntimeError: {recorded}"
 
 
 def test_a_member_still_at_the_start_is_named_with_its_stage_as_launcher_health_records_it(four_nodes, tmp_path):

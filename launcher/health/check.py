@@ -1,21 +1,16 @@
-"""One rank of srun.sh's health check (`./srun.sh --health`, or SRUNSH_HEALTH=1 first), started as launcher/health.py
-exactly as a training rank is (`srun.sh --rank-exec`: the same srun step, container, environment and torch.distributed
-over the job's NCCL and network plugin). It records each part in RUN_DIR/health/rank-R.json as it goes; report.py, on
-the launching host, enforces each part's deadline and reads these records into the table.
-
-The parts, in order (each a collective over the group named, after a barrier of the whole job, so that every node
-measures the same part at the same time):
+"""One rank of srun.sh's health check (docs/health.md), started as launcher/health.py exactly as a training rank is
+(the same srun step, container, environment and torch.distributed over the job's NCCL and network plugin). It records
+each part in RUN_DIR/health/rank-R.json as it goes; report.py, on the launching host, enforces each part's deadline
+and judges these records. The parts, in order (each a collective over the group named, after a barrier of the whole
+job, so that every node measures it at the same time):
   start                import torch, join torch.distributed (the world), learn every rank's host
   gpu                  the GPU of LOCAL_RANK: visible, its free memory, a bf16 matrix-multiply rate, an HBM copy rate
   node.all_reduce      among the ranks of this node (NVLink); then node.broadcast
   pair.K.all_reduce    round K: node i with node i XOR 2^K (ceil(log2 N) rounds of N/2 pairs); then pair.K.broadcast
-  retest.J.all_reduce  a suspect's links (its best pair more than 10% below the nodes' median, by median or best sample)
-                       with the same partner and another, against the pair of those two, RETEST_CYCLES times at the
-                       largest size, so that the report can tell a slow link from noise; then retest.J.broadcast
+  retest.J.all_reduce  a suspect's links with the same partner and another, against the pair of those two, so that the
+                       report can tell a slow link from noise; then retest.J.broadcast
   job.all_reduce       over the whole job; then job.broadcast
-Collectives report bus bandwidth (nccl-tests' definition) at a few message sizes; every rate is the median of a few
-samples, with the best sample beside it and every sample at the largest size. Without CUDA the check runs with gloo
-on the CPU, and the GPU part records that it does not apply.
+Collectives report bus bandwidth (nccl-tests' definition); without CUDA the check runs with gloo on the CPU.
 """
 
 import json
@@ -37,8 +32,10 @@ WARMUP, SAMPLES, CALLS = 2, 8, 2
 MATMUL_N, MATMUL_CALLS = 8192, 4
 COPY_BYTES, COPY_CALLS = 1 << 30, 2
 Pair = tuple[int, int]  # two nodes, by their index in the job, the lower first
-JOB = None  # the group of a part that every rank of the job is in, as a record names it (its group, its "ranks")
 Rates = tuple[float, float, list[float]]  # median, best, every sample
+# A record's group of a part that every rank of the job is in, which every rank's record would otherwise list rank by
+# rank (at 4,096 ranks, 4,096 lists of 4,096 that the report reads).
+JOB = None
 SUSPECT = 0.9  # a node whose best pair is below 90% of the nodes' median is retested (judge.OUTLIER)
 # 2 x RETEST_CYCLES measurements of a suspect against as many of the reference: with 12 and 12 the report's rank test
 # rules out noise (1 check in 1,000) even when 20 of the 144 (own, reference) comparisons go the other way.
@@ -52,7 +49,7 @@ class Record:
     def __init__(self, path: Path, identity: dict[str, Any]) -> None:
         self.path = path
         self.data: dict[str, Any] = {**identity, "part": None, "stage": None, "group": None, "results": {}}
-        self.data.update(error=None, finished=False)
+        self.data |= {"error": None, "finished": False}
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self) -> None:
@@ -80,13 +77,11 @@ class Record:
         self.write()
 
     def fail(self, error: BaseException) -> None:
-        self.data["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error) else ''}"
+        self.data["error"] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
         self.write()
 
 
 def recorded_group(ranks: list[int], world: int) -> list[int] | None:
-    """A part's group as the records name it: JOB for the whole job, which every rank's record would otherwise list
-    rank by rank (at 4,096 ranks, 4,096 lists of 4,096 that the report reads)."""
     return JOB if len(ranks) == world else ranks
 
 
@@ -99,25 +94,35 @@ def node_ranks(hosts: list[str]) -> list[list[int]]:
 
 
 def pair_rounds(nodes: int, node: int) -> Iterator[tuple[int, int | None]]:
-    """(round, partner) of `node` in every round: round K pairs node i with node i XOR 2^K; None when that node
-    does not exist (with a node count that is not a power of two)."""
+    """(round, partner) of `node` in every round; partner None where node XOR 2^round is past the last node."""
     for round_ in range(math.ceil(math.log2(nodes)) if nodes > 1 else 0):
         partner = node ^ (1 << round_)
         yield round_, partner if partner < nodes else None
 
 
-def round_pairs(nodes: int, round_: int) -> list[tuple[int, int]]:
-    """Every pair of nodes of a round, in one order for every rank."""
+def round_pairs(nodes: int, round_: int) -> list[Pair]:
     return [(node, node ^ (1 << round_)) for node in range(nodes) if node < node ^ (1 << round_) < nodes]
 
 
+def ordered(a: int, b: int) -> Pair:
+    return min(a, b), max(a, b)
+
+
+def pair_ranks(nodes: list[list[int]], a: int, b: int) -> list[int]:
+    return sorted(nodes[a] + nodes[b])
+
+
 def rates(work: float, samples: list[float]) -> Rates:
-    """(median, best, every sample) of work per second over the samples' seconds."""
     return work / statistics.median(samples), work / min(samples), [round(work / sample, 6) for sample in samples]
 
 
-def best_pairs(pairs: dict[tuple[int, int], float]) -> dict[int, tuple[float, int]]:
-    """Each node's best pair, (figure, partner), of the pairs measured (node, node): figure."""
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus bandwidth: what each link carries, comparable across group sizes."""
+    return 2 * (ranks - 1) / ranks if op == "all_reduce" else 1.0
+
+
+def best_pairs(pairs: dict[Pair, float]) -> dict[int, tuple[float, int]]:
+    """Each node's best pair, (figure, partner), of the pairs measured {(node, node): figure}."""
     best: dict[int, tuple[float, int]] = {}
     for (a, b), figure in sorted(pairs.items()):
         for node, partner in ((a, b), (b, a)):
@@ -127,15 +132,13 @@ def best_pairs(pairs: dict[tuple[int, int], float]) -> dict[int, tuple[float, in
 
 
 def suspects(best: dict[int, tuple[float, int]]) -> list[int]:
-    """The nodes whose best pair is below SUSPECT times the nodes' median (none of fewer than three nodes: a pair's
-    two nodes share its figure)."""
-    if len(best) < 3:
+    if len(best) < 3:  # a pair's two nodes share its figure
         return []
     middle = statistics.median(figure for figure, _ in best.values())
     return sorted(node for node, (figure, _) in best.items() if figure < SUSPECT * middle)
 
 
-def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[tuple[int, str, tuple[int, int]]]]:
+def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[tuple[int, str, Pair]]]:
     """The retests of every suspect of any figure ({figure: best pairs}), as steps of (suspect, role, pair) whose
     pairs share no node (they run at once): per cycle, the reference, the same partner, the reference, another
     partner (the best of the rest in that figure)."""
@@ -149,27 +152,13 @@ def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[t
             for role, partner in (("same", same), ("other", other)):
                 measurements.append((suspect, "reference", ordered(same, other)))
                 measurements.append((suspect, role, ordered(suspect, partner)))
-    steps: list[list[tuple[int, str, tuple[int, int]]]] = []
+    steps: list[list[tuple[int, str, Pair]]] = []
     for measurement in measurements:  # into the last step unless a node of its pair is busy there
         if steps and not any(set(measurement[2]) & set(pair) for _, _, pair in steps[-1]):
             steps[-1].append(measurement)
         else:
             steps.append([measurement])
     return steps
-
-
-def ordered(a: int, b: int) -> tuple[int, int]:
-    return min(a, b), max(a, b)
-
-
-def pair_ranks(nodes: list[list[int]], a: int, b: int) -> list[int]:
-    """The ranks of two nodes, in order."""
-    return sorted(nodes[a] + nodes[b])
-
-
-def bus_factor(op: str, ranks: int) -> float:
-    """nccl-tests' bus bandwidth: what each link carries, comparable across group sizes."""
-    return 2 * (ranks - 1) / ranks if op == "all_reduce" else 1.0
 
 
 class Check:
@@ -215,7 +204,6 @@ class Check:
         self.record.done(result)
 
     def timed(self, work: Callable[[], object], calls: int, count: int = SAMPLES) -> list[float]:
-        """Seconds per call of work, `count` times over `calls` calls each, after WARMUP calls."""
         for _ in range(WARMUP):
             work()
         self.synchronize()
@@ -280,9 +268,10 @@ class Check:
         made = [self.dist.new_group(ranks, group_desc=desc) for ranks in groups]
         return made[groups.index(own)] if own else None
 
-    def pair_figures(self, measured: dict[Pair, dict[str, float]]) -> dict[str, dict[Pair, float]]:
-        """{op, or "op best": {pair of nodes: figure}} of the whole job from each rank's own pairs: a pair's figure is
-        its slowest member's. A capped link shows in its best samples even when noise drags the others' medians."""
+    def retests(self, nodes: list[list[int]], hosts: list[str], mine: int, measured: dict) -> None:
+        """The retests of the suspects, as every rank plans them from the job's pair figures, {op, or "op best": {pair
+        of nodes: figure}} from every rank's own pairs: a pair's figure is its slowest member's. A capped link shows in
+        its best samples even when noise drags the others' medians."""
         gathered: list[Any] = [None] * self.dist.get_world_size()
         self.dist.all_gather_object(gathered, measured)
         figures: dict[str, dict[Pair, float]] = {}
@@ -290,11 +279,6 @@ class Check:
             for pair, ops in pairs.items():
                 for op, figure in ops.items():
                     figures.setdefault(op, {})[pair] = min(figure, figures.get(op, {}).get(pair, figure))
-        return figures
-
-    def retests(self, nodes: list[list[int]], hosts: list[str], mine: int, measured: dict) -> None:
-        """The retests of the suspects (retest_plan), as every rank plans them from the job's pair figures."""
-        figures = self.pair_figures(measured)
         plan = retest_plan({op: best_pairs(pairs) for op, pairs in figures.items()})
         pairs = sorted({pair for step in plan for _, _, pair in step})
         if pairs:

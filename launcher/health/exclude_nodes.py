@@ -1,7 +1,5 @@
-"""A batch job runs without the nodes that failed its health check: `python3 exclude_nodes.py JOB_ID NODES` (or
-exclude()) adds NODES to the job's ExcNodeList while the job is pending again after its requeue (SLURM changes
-ExcNodeList of a pending job only), and says so on stderr. srun.sh starts it with SIGTERM ignored: the requeue's
-SIGTERM reaches it meanwhile."""
+"""A batch job runs without the nodes that failed its health check: the supervisor adds them to the job's ExcNodeList
+while the job is pending again after its requeue (SLURM changes ExcNodeList of a pending job only)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,6 @@ import sys
 
 
 def excluded_nodes(job: str) -> str:
-    """The job's ExcNodeList; empty for none."""
     out = subprocess.run(
         ["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True, timeout=30, check=False
     ).stdout
@@ -20,14 +17,10 @@ def excluded_nodes(job: str) -> str:
 
 
 def exclude(job: str, nodes: str) -> None:
-    """Adds `nodes` (comma-separated) to the ExcNodeList of `job`."""
+    """Adds `nodes` (comma-separated) to the ExcNodeList of `job`, and says so on stderr."""
     excluded = ",".join(filter(None, [excluded_nodes(job), nodes]))
     update = subprocess.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={excluded}"], timeout=30, check=False)
     if update.returncode == 0:
         print(f"srun.sh: job {job} runs without {nodes} from now on (ExcNodeList={excluded})", file=sys.stderr)
     else:
         print(f"srun.sh: could not exclude {nodes} from job {job}: scontrol update refused it", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    exclude(sys.argv[1], sys.argv[2])

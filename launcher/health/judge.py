@@ -1,45 +1,70 @@
-"""The verdict on every node of a health check, from the ranks' records. A node fails when a GPU or node figure of it
-is more than 10% below the job's median (and further than the job's samples typically spread), when its retests show
-its link slow beyond noise (judge_link), when a rank of it reports an error, or when the check hangs there: a rank
-that stays in one part longer than the deadline is stuck, and the blame goes to the members of its group that never
-reached that part, else to the group itself (its node, or its pair of nodes). A node whose link may be slow, but not
-beyond noise, is "suspect": named with its figures, not excluded. Standard library only (the launching host may have
-no SciPy: the rank test is a few lines here)."""
+"""The verdict on every node of a health check (docs/health.md), from what its launch left: each rank's record
+(RUN_DIR/health/rank-R.json, written by check.py) and exit status. A node fails when a figure of it is an outlier,
+when its retests show its link slow beyond noise, when a rank of it errs, or when the check hangs there; a node whose
+link may be slow, but not beyond noise, is "suspect": named with its figures, not excluded. Standard library only:
+the launching host may have no SciPy, so the rank test is a few lines here."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import math
 import statistics
+from pathlib import Path
 
-from launcher.health.records import (
-    Layout,
-    Run,
-    deadline,
-    describe,
-    exit_statuses,
-    link_figures,
-    link_samples,
-    part_order,
-    ranges,
-    retests,
-)
+from launcher.run_files import LAUNCHER_LOG, STOPPED
 
+START_FACTOR = 3  # the start (container, python, torch import, rendezvous) may take this many deadlines
 OUTLIER = 0.9  # a figure below 90% of the job's median is an outlier
 NOISE_CHANCE = 0.001  # a link is condemned when noise would rank its retests so in at most 1 check of 1,000
 SUSPECT_CHANCE = 0.05  # and is suspect, when low, at 1 in 20: what noise does more often is no finding
-GPU_FIGURES = (
+GPU_FIGURES = (  # key of the GPU part's result, column, name
     ("free_gib", "free GiB", "free memory"),
     ("matmul_tflops", "matmul TF/s", "bf16 matmul"),
     ("hbm_tb_s", "HBM TB/s", "HBM copy"),
 )
-LINK_FIGURES = (
+LINK_FIGURES = (  # key of a node's figures, column, name
     ("node.all_reduce", "node AR", "node all-reduce"),
     ("node.broadcast", "node BC", "node broadcast"),
     ("pair.all_reduce", "pair AR", "best pair all-reduce"),
     ("pair.broadcast", "pair BC", "best pair broadcast"),
 )
-STOPPED_STATUSES = {"130", "137", "143"}
+ENDED_WELL = {"0", *map(str, STOPPED)}  # a rank that exited 0 or was stopped (the check stops a late one) did not fail
 VERDICTS = ("ok", "suspect", "blocked", "slow", "fail", "hang")  # worse verdicts win
+
+
+@dataclasses.dataclass
+class Layout:
+    hosts: list[str]  # in rank order
+    per_node: int
+
+    # Each host's first position (as list.index), found once per host rather than once per rank.
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        return {host: index for index, host in reversed(list(enumerate(self.hosts)))}
+
+    @property
+    def world(self) -> int:
+        return len(self.hosts) * self.per_node
+
+    def host(self, rank: int) -> str:
+        return self.hosts[rank // self.per_node]
+
+    def ranks(self, host: str) -> list[int]:
+        first = self.index[host] * self.per_node
+        return list(range(first, first + self.per_node))
+
+
+@dataclasses.dataclass
+class Run:
+    run_dir: Path
+    layout: Layout
+    records: dict[int, dict]  # by rank, of those that wrote one
+    outcome: str  # finished, exited, deadline, stopped
+    late: list[int]  # the ranks past a part's deadline
+    timeout: float
+    seconds: float
 
 
 @dataclasses.dataclass
@@ -55,8 +80,7 @@ class Node:
     evidence: list[dict] = dataclasses.field(default_factory=list)  # the samples each flagged figure rests on
 
     def fail(self, verdict: str, reason: str) -> None:
-        if VERDICTS.index(verdict) > VERDICTS.index(self.verdict):
-            self.verdict = verdict
+        self.verdict = max(self.verdict, verdict, key=VERDICTS.index)
         self.reasons.append(reason)
 
     @property
@@ -64,8 +88,66 @@ class Node:
         return self.verdict in ("slow", "fail", "hang")
 
 
+def ranges(ranks: list[int]) -> str:
+    ordered = sorted(ranks)
+    if ordered and ordered == list(range(ordered[0], ordered[-1] + 1)) and len(ordered) > 1:
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ",".join(str(rank) for rank in ordered)
+
+
+def exit_statuses(run_dir: Path, world: int) -> dict[int, str]:
+    """How each rank ended, from launcher/rank/rank.sh's RUN_DIR/logs/rank-R.status."""
+    statuses = {}
+    for rank in range(world):
+        with contextlib.suppress(OSError, IndexError):
+            statuses[rank] = (run_dir / "logs" / f"rank-{rank}.status").read_text().split()[0]
+    return statuses
+
+
+def deadline(part: str, timeout: float) -> float:
+    return START_FACTOR * timeout if part == "start" else timeout
+
+
+def part_order(part: str) -> tuple[int, int, int]:
+    """Where a part comes in every rank's sequence (start, gpu, node, pair rounds, retests, job)."""
+    stage, *rest = part.split(".")
+    base = {"start": 0, "gpu": 1, "node": 2, "pair": 3, "retest": 4, "job": 5}[stage]
+    number = int(rest[0]) if stage in ("pair", "retest") else 0
+    return base, number, 1 if part.endswith("broadcast") else 0
+
+
+def describe(part: str) -> str:
+    words = part.replace("all_reduce", "all-reduce").split(".")
+    if words[0] in ("pair", "retest"):
+        return f"{words[0]} round {words[1]} {words[2]}"
+    return {"start": "the start (torch import, rendezvous)", "gpu": "the GPU test"}.get(part, " ".join(words))
+
+
+def largest(bandwidth: dict[str, float]) -> float:
+    return bandwidth[largest_size(tuple(bandwidth))]
+
+
+@functools.cache  # every member of a part has the same sizes: found once for each set
+def largest_size(sizes: tuple[str, ...]) -> str:
+    return max(sizes, key=int)
+
+
+def link(records: dict[int, dict], ranks: list[int], part: str) -> tuple[float | None, float | None, list[float]]:
+    """A collective part's bus bandwidth at its largest size as the group that the first of `ranks` in it got it
+    (check.py's JOB: the whole job): a collective takes as long as its slowest member (a broadcast's root is done
+    early), so the slowest member's median, the lowest best sample, and the slowest member's samples."""
+    holder = next((r for r in ranks if part in records[r]["results"]), None)
+    if holder is None:
+        return None, None, []
+    group = records[holder]["results"][part]["ranks"]
+    members = sorted(records) if group is None else group
+    results = [records[m]["results"][part] for m in members if part in records.get(m, {}).get("results", {})]
+    slowest = min(results, key=lambda result: largest(result["busbw_gb_s"]))
+    best = min(largest(result.get("busbw_gb_s_best") or result["busbw_gb_s"]) for result in results)
+    return largest(slowest["busbw_gb_s"]), best, slowest.get("busbw_gb_s_samples", [])
+
+
 def gpu_results(records: dict[int, dict], ranks: list[int]) -> dict[int, dict]:
-    """The GPU part's result of each of `ranks` that has a record ({} for one without the part)."""
     return {rank: records[rank]["results"].get("gpu") or {} for rank in ranks if rank in records}
 
 
@@ -82,12 +164,11 @@ def fill_figures(node: Node, records: dict[int, dict]) -> None:
         if values:
             node.figures[key], node.figure_ranks[key] = min(values)
     for part in ("node.all_reduce", "node.broadcast"):
-        node.figures[part], node.best[part] = link_figures(records, ranks, part)
+        node.figures[part], node.best[part], _ = link(records, ranks, part)
     for op in ("all_reduce", "broadcast"):
         pairs = sorted({p for r in ranks for p in records[r]["results"] if p.startswith("pair.") and p.endswith(op)})
-        measured = [link_figures(records, ranks, pair) for pair in pairs]
-        measured = [figures for figures in measured if figures[0] is not None]
-        node.figures[f"pair.{op}"], node.best[f"pair.{op}"] = max(measured) if measured else (None, None)
+        measured = [link(records, ranks, pair)[:2] for pair in pairs]
+        node.figures[f"pair.{op}"], node.best[f"pair.{op}"] = max(measured, default=(None, None))
 
 
 def check_gpus(node: Node, records: dict[int, dict]) -> None:
@@ -102,92 +183,90 @@ def check_gpus(node: Node, records: dict[int, dict]) -> None:
         uuids[result["uuid"]] = rank
 
 
-def spread(value: float, best: float) -> float:
-    """How far a figure's median sample lies below its best one: the measurement's own noise."""
-    return 1 - value / best if best else 0.0
-
-
-def outlier(value: float, median: float, noise: float) -> float | None:
-    """How far below the job's `median` `value` is, when that is more than 10% and more than `noise`, how far the
-    job's samples typically spread (noise is no outlier: on GPUs samples agree to a few percent, gloo on a shared
-    CPU's do not); else None. A median of 0 (most GPUs with no memory free) leaves nothing to be below."""
-    if median <= 0:
-        return None
-    below = 1 - value / median
-    return below if below > max(1 - OUTLIER, noise) else None
-
-
 def outliers(measured: dict) -> dict:
-    """{who: (how far below, the median)} of the figures {who: (median sample, best sample)} that are outliers."""
+    """{who: (how far below, the median)} of the figures {who: (median sample, best sample)} more than 10% below the
+    median and further than how far the median samples typically lie below the best (noise is no outlier: on GPUs
+    samples agree to a few percent, gloo's on a shared CPU do not). A median of 0 (most GPUs with no memory free)
+    leaves nothing to be below."""
     if len(measured) < 2:
         return {}
     median = statistics.median(value for value, _ in measured.values())
-    noise = statistics.median(spread(*figures) for figures in measured.values())
-    found = {who: outlier(value, median, noise) for who, (value, _) in measured.items()}
-    return {who: (below, median) for who, below in found.items() if below is not None}
+    if median <= 0:
+        return {}
+    noise = statistics.median(1 - value / best if best else 0.0 for value, best in measured.values())
+    below = {who: 1 - value / median for who, (value, _) in measured.items()}
+    return {who: (far, median) for who, far in below.items() if far > max(1 - OUTLIER, noise)}
 
 
-def flag_outliers(nodes: list[Node], records: dict[int, dict]) -> None:
-    """Every figure more than 10% below the job's median: per GPU among all GPUs, per node among the nodes."""
+def flag_outliers(nodes: dict[str, Node], layout: Layout, records: dict[int, dict]) -> None:
+    """Every GPU figure more than 10% below the median of all GPUs, every node figure below the nodes'."""
     gpus = gpu_results(records, list(records))
     for key, _, name in GPU_FIGURES:
         values = {rank: (gpu[key], gpu.get(f"{key}_best", gpu[key])) for rank, gpu in gpus.items() if key in gpu}
-        slow = outliers(values)
-        for node in nodes:
-            for rank in (rank for rank in node.ranks if rank in slow):
-                (below, middle), value = slow[rank], values[rank][0]
-                node.fail("slow", f"rank {rank}: {name} {value:.3g} is {below:.0%} below the median {middle:.3g}")
-                node.evidence.append({"figure": name, "samples": {f"rank {rank}": gpus[rank].get(f"{key}_samples")}})
+        for rank, (below, middle) in sorted(outliers(values).items()):
+            node = nodes[layout.host(rank)]
+            node.fail("slow", f"rank {rank}: {name} {values[rank][0]:.3g} is {below:.0%} below the median {middle:.3g}")
+            node.evidence.append({"figure": name, "samples": {f"rank {rank}": gpus[rank].get(f"{key}_samples")}})
     for key, _, name in LINK_FIGURES[:2]:  # the node figures; the pairs' are judge_links'
         measured = {
-            node.host: (node.figures[key], node.best[key]) for node in nodes if node.figures.get(key) is not None
+            host: (node.figures[key], node.best[key]) for host, node in nodes.items() if node.figures[key] is not None
         }
-        slow = outliers(measured)
-        for node in (node for node in nodes if node.host in slow):
-            (below, middle), value = slow[node.host], measured[node.host][0]
-            node.fail("slow", f"{name} {value:.3g} GB/s is {below:.0%} below the median {middle:.3g}")
-            samples = {node.host: link_samples(records, [r for r in node.ranks if r in records], key)}
-            node.evidence.append({"figure": name, "samples": samples})
-    judge_links(nodes, records)
+        for host, (below, middle) in outliers(measured).items():
+            node = nodes[host]
+            node.fail("slow", f"{name} {measured[host][0]:.3g} GB/s is {below:.0%} below the median {middle:.3g}")
+            samples = link(records, [rank for rank in node.ranks if rank in records], key)[2]
+            node.evidence.append({"figure": name, "samples": {host: samples}})
 
 
-def arrangements(low: int, high: int) -> list[int]:
-    """For u = 0, 1, ...: in how many of the C(low + high, low) orders of `low` values among `high` others exactly u
-    (low value, high value) pairs are out of order; the coefficients of the Gaussian binomial [low + high, low]."""
-    counts = [1] + [0] * (low * high + low)
-    for i in range(1, low + 1):  # times (1 - q^(high + i)) / (1 - q^i)
-        for u in range(len(counts) - 1, high + i - 1, -1):
-            counts[u] -= counts[u - high - i]
-        for u in range(i, len(counts)):
-            counts[u] += counts[u - i]
-    return counts[: low * high + 1]
+@functools.cache  # the recursion reaches each (low, high, inverted) along many paths
+def orders_at_most(low: int, high: int, inverted: int) -> int:
+    """In how many orders of `low` values among `high` others at most `inverted` (low, high) pairs are out of order:
+    the largest value is a low one, out of order with every high one, or a high one, out of order with none."""
+    if inverted < 0:
+        return 0
+    if not low or not high:
+        return 1
+    return orders_at_most(low - 1, high, inverted - high) + orders_at_most(low, high - 1, inverted)
 
 
 def noise_chance(own: list[float], reference: list[float]) -> float:
     """The chance that measurements of one link, all alike, rank `own` at least as far below `reference` as they
-    are (the exact one-sided Mann-Whitney test; a tie counts against the verdict)."""
-    inverted = sum(1 for a in own for b in reference if a >= b)
-    counts = arrangements(len(own), len(reference))
-    return sum(counts[: inverted + 1]) / sum(counts)
+    are: the share of all orders of the two with as few of own's above the reference's (the exact one-sided
+    Mann-Whitney test; a tie counts against the verdict)."""
+    inverted = sum(a >= b for a in own for b in reference)
+    return orders_at_most(len(own), len(reference), inverted) / math.comb(len(own) + len(reference), len(own))
 
 
-def judge_links(nodes: list[Node], records: dict[int, dict]) -> None:
+def judge_links(nodes: dict[str, Node], records: dict[int, dict]) -> None:
     """A node whose retests were measured is judged on them (judge_link). One not retested whose best pair is more
     than 10% below the nodes' median is suspect."""
     measured = retests(records)
     for key, _, name in LINK_FIGURES[2:]:
         op = key.split(".")[1]
-        figures = {node.host: node.figures[key] for node in nodes if node.figures.get(key) is not None}
+        figures = {host: node.figures[key] for host, node in nodes.items() if node.figures.get(key) is not None}
         middle = statistics.median(figures.values()) if len(figures) > 2 else None
-        for node in nodes:
-            own = [m for m in measured if m["suspect"] == node.host and m["op"] == op]
-            flagged = middle is not None and node.host in figures and figures[node.host] < OUTLIER * middle
+        for host, node in nodes.items():
+            own = [m for m in measured if m["suspect"] == host and m["op"] == op]
             if own:
                 judge_link(node, name.removeprefix("best "), own)
-            elif flagged:
-                below = 1 - figures[node.host] / middle
-                reason = f"{name} {figures[node.host]:.3g} GB/s is {below:.0%} below the median {middle:.3g} in one"
+            elif middle is not None and host in figures and figures[host] < OUTLIER * middle:
+                below = 1 - figures[host] / middle
+                reason = f"{name} {figures[host]:.3g} GB/s is {below:.0%} below the median {middle:.3g} in one"
                 node.fail("suspect", f"suspect, not excluded: {reason} measurement, not retested")
+
+
+def retests(records: dict[int, dict]) -> list[dict]:
+    """Every retest measurement of a pair, in the order measured: suspect, role (same, other, reference), pair, op,
+    and its figure, the lowest best sample of its members (noise only slows a sample, a capped link caps every one)."""
+    measured: dict[tuple[str, tuple[int, ...]], dict] = {}
+    for record in records.values():
+        for part, result in record["results"].items():
+            key = (part, tuple(result.get("ranks") or ()))
+            if part.startswith("retest.") and "suspect" in result and key not in measured:
+                figure = link(records, result["ranks"], part)[1]
+                measured[key] = {k: result[k] for k in ("suspect", "role", "pair")}
+                measured[key] |= {"op": part.rsplit(".", 1)[1], "figure": figure}
+    return [measured[key] for key in sorted(measured, key=lambda key: (part_order(key[0]), key[1]))]
 
 
 def judge_link(node: Node, name: str, measured: list[dict]) -> None:
@@ -200,7 +279,7 @@ def judge_link(node: Node, name: str, measured: list[dict]) -> None:
     below = 1 - statistics.median(own) / statistics.median(reference)
     chance = noise_chance(own, reference)
     far = below > 1 - OUTLIER
-    if (far and chance > SUSPECT_CHANCE) or (not far and chance > NOISE_CHANCE):
+    if chance > (SUSPECT_CHANCE if far else NOISE_CHANCE):
         return
     pair = "-".join(next(m["pair"] for m in measured if m["role"] == "reference"))
     partners = " and ".join(sorted({h for m in measured if m["role"] != "reference" for h in m["pair"]} - {node.host}))
@@ -212,9 +291,9 @@ def judge_link(node: Node, name: str, measured: list[dict]) -> None:
         node.fail("slow", f"{what}; noise ranks them so in {chance:.2g} of checks")
     else:
         node.fail("suspect", f"suspect, not excluded: {what}, which noise does in {chance:.2g} of checks")
-    samples: dict[str, list[float]] = {" ".join(m["pair"]): [] for m in measured}
+    samples: dict[str, list[float]] = {}
     for m in measured:
-        samples[" ".join(m["pair"])].append(m["figure"])
+        samples.setdefault(" ".join(m["pair"]), []).append(m["figure"])
     label = "best sample of each retest, in order"
     node.evidence.append({"figure": name, "what": label, "samples": samples, "below": below, "noise_chance": chance})
 
@@ -236,24 +315,23 @@ def whereabouts(record: dict | None) -> str:
     return f"still in {describe(record['part'])}"
 
 
-def blame(late: list[int], records: dict[int, dict], layout: Layout, nodes: dict[str, Node], timeout: float) -> str:
+def blame(run: Run, nodes: dict[str, Node]) -> str:
     """Name who a hang is on: for each rank past its part's deadline, the members of its group that never reached that
     part, else the group itself. Returns a job-wide finding when no node is to blame."""
-    job = ""
-    for rank in late:
-        record = records.get(rank, {})
-        part = record.get("part") or "start"
-        members = record.get("group") or list(range(layout.world))
+    records, layout, job = run.records, run.layout, ""
+    for rank in run.late:
+        part = records.get(rank, {}).get("part") or "start"
+        members = records.get(rank, {}).get("group") or list(range(layout.world))
         stragglers = behind(part, members, records)
         for member in stragglers:
             state = whereabouts(records.get(member))
             nodes[layout.host(member)].fail("hang", f"rank {member} never reached {describe(part)}: {state}")
         if stragglers:
-            waited = deadline(part, timeout)
+            waited = deadline(part, run.timeout)
             nodes[layout.host(rank)].fail("blocked", f"rank {rank} waited {waited:g} s in {describe(part)}")
             continue
-        hosts = sorted({layout.host(m) for m in members}, key=layout.index.__getitem__)
-        what = f"{describe(part)} did not finish within {deadline(part, timeout):g} s (ranks {ranges(members)})"
+        hosts = {layout.host(m) for m in members}
+        what = f"{describe(part)} did not finish within {deadline(part, run.timeout):g} s (ranks {ranges(members)})"
         if part == "start" or 1 < len(hosts) == len(layout.hosts):
             job = f"{what}: every rank was in it, and no node outside it tells which one is at fault"
             continue
@@ -274,17 +352,18 @@ def judge(run: Run) -> tuple[list[Node], str]:
             reason = f"rank {rank}: {describe(record['part'] or 'start')}: {record['error']}"
             nodes[layout.host(rank)].fail("fail", reason)
     for rank, status in sorted(exit_statuses(run.run_dir, layout.world).items()):
-        if status not in STOPPED_STATUSES | {"0"} and not records.get(rank, {}).get("error"):
+        if status not in ENDED_WELL and not records.get(rank, {}).get("error"):
             nodes[layout.host(rank)].fail("fail", f"rank {rank} exited with status {status}")
-    job = blame(run.late, records, layout, nodes, run.timeout) if run.outcome == "deadline" else ""
+    job = blame(run, nodes) if run.outcome == "deadline" else ""
     if run.outcome == "stopped":
         job = "the check was stopped before it finished"
     elif run.outcome == "exited" and not any(node.failed for node in nodes.values()):
-        job = f"the launch ended before every rank finished: see {run.run_dir / 'logs' / 'launcher.log'}"
+        job = f"the launch ended before every rank finished: see {run.run_dir / LAUNCHER_LOG}"
     for rank in range(layout.world):
         node = nodes[layout.host(rank)]
         if not records.get(rank, {}).get("finished") and node.verdict == "ok":
             node.fail("blocked", f"rank {rank} did not finish: the check stopped")
     if run.outcome == "finished":
-        flag_outliers(list(nodes.values()), records)
+        flag_outliers(nodes, layout, records)
+        judge_links(nodes, records)
     return list(nodes.values()), job

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import signal
 import subprocess
 import sys
@@ -21,25 +23,33 @@ from pathlib import Path
 
 if not __package__:  # run as a script: the repository, two folders up, holds the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from launcher.health.judge import judge
-from launcher.health.records import Layout, Run, deadline, read_records
-from launcher.health.table import console, write_results
-from launcher.run_files import many_records, remove_tree
+from launcher.health.judge import GPU_FIGURES, LINK_FIGURES, Layout, Node, Run, deadline, judge, link, ranges
+from launcher.run_files import FAILED_NODES, HEALTH_JSON, many_records, remove_tree
 
 POLL_S = 0.5
 STOP_GRACE_S = 60.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class StopRequestedError(Exception):
-    """srun.sh was stopped (SIGINT/SIGTERM) while the check ran."""
-
-
-def on_stop(signum: int, _frame: object) -> None:
-    raise StopRequestedError(signal.Signals(signum).name)
-
-
+FIGURES = GPU_FIGURES + LINK_FIGURES
 Records = dict[int, dict]
+
+
+class RankRecord(dict):
+    """A rank's record, and the line it was read from (check.py's Record writes one): health.json repeats that line
+    rather than encode the record again (for 4,096 ranks JSON's encoder takes longer than the rest of the report)."""
+
+    text: str = ""  # none for a record of more than one line
+
+
+def read_records(health: Path, world: int, known: Records | None = None) -> Records:
+    """Every rank's record; a finished one in `known` is not read again (a poll of 4,096 files on a shared file
+    system is not free)."""
+    records = {rank: record for rank, record in (known or {}).items() if record["finished"]}
+    for rank in (rank for rank in range(world) if rank not in records):
+        with contextlib.suppress(OSError, ValueError):  # not written yet, or being replaced: the next poll reads it
+            text = (health / f"rank-{rank}.json").read_text()
+            records[rank] = RankRecord(json.loads(text))
+            records[rank].text = "" if "\n" in text else text
+    return records
 
 
 def supervise(process: subprocess.Popen, health: Path, world: int, timeout: float) -> tuple[str, list[int], Records]:
@@ -91,18 +101,99 @@ def launch(command: list[str], health: Path, world: int, timeout: float) -> tupl
     """Runs the launch to its outcome (stopped: srun.sh got a stop signal); the ranks past a deadline, and the records
     read last (the finished ones need no second read)."""
     for signum in STOP_SIGNALS:
-        signal.signal(signum, on_stop)
+        signal.signal(signum, signal.default_int_handler)  # each raises KeyboardInterrupt, as Ctrl-C does
     process = subprocess.Popen(command)
     outcome, late, records = "stopped", [], {}
     try:
         outcome, late, records = supervise(process, health, world, timeout)
-    except StopRequestedError:
+    except KeyboardInterrupt:
         pass  # outcome stays "stopped"
     finally:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)  # the stop below must not be cut short
         stop(process, finishing=outcome == "finished")
     return outcome, late, records
+
+
+def number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def table(nodes: list[Node]) -> list[str]:
+    rows = [["node", "ranks", "GPUs", *(label for _, label, _ in FIGURES), "verdict"]]
+    for node in nodes:
+        figures = [number(node.figures.get(key)) for key, _, _ in FIGURES]
+        rows.append([node.host, ranges(node.ranks), node.gpus, *figures, node.verdict.upper()])
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return ["  ".join(row[column].ljust(widths[column]) for column in range(len(row))).rstrip() for row in rows]
+
+
+def job_figures(records: Records) -> dict[str, float | None]:
+    return {op: link(records, list(records), f"job.{op}")[0] for op in ("all_reduce", "broadcast")}
+
+
+def console(run: Run, nodes: list[Node], job: str) -> list[str]:
+    records, layout = run.records, run.layout
+    backends = {r["results"]["start"]["backend"] for r in records.values() if "start" in r["results"]}
+    over = f" over {', '.join(sorted(backends))}" if backends else ""
+    sizes = sorted({int(s) for r in records.values() for p in r["results"].values() for s in p.get("busbw_gb_s", {})})
+    at = f" at {sizes[-1] / 2**20:g} MiB" if sizes else ""
+    lines = [
+        f"srun.sh: health check of {len(layout.hosts)} node(s) x {layout.per_node} rank(s){over},"
+        f" {run.seconds:.1f} s; bus bandwidth in GB/s{at} (pair: the best partner's)",
+        *table(nodes),
+    ]
+    figures = job_figures(records)
+    if any(value is not None for value in figures.values()):
+        all_reduce, broadcast = number(figures["all_reduce"]), number(figures["broadcast"])
+        lines.append(f"job ({layout.world} ranks): all-reduce {all_reduce} GB/s, broadcast {broadcast} GB/s")
+    for node in nodes:
+        fix = f": exclude it: --exclude={node.host}" if node.failed else ""
+        lines += [f"srun.sh: {node.host}: {reason}{fix}" for reason in node.reasons]
+        for evidence in node.evidence:  # the samples as measured: GB/s (TF/s, TB/s for a GPU's)
+            samples = [f"{where} {' '.join(map(number, got or []))}" for where, got in evidence["samples"].items()]
+            what = f"{evidence['figure']} {evidence.get('what', 'samples')}"
+            lines.append(f"srun.sh: {node.host}:   {what}: {'; '.join(samples)}")
+    if job:
+        lines.append(f"srun.sh: the job: {job}")
+    return [*lines, verdict_line(run, nodes, job)]
+
+
+def verdict_line(run: Run, nodes: list[Node], job: str) -> str:
+    failed = [node.host for node in nodes if node.failed]
+    if failed:
+        hosts = ",".join(failed)
+        verdict = f"failed on {len(failed)} of {len(nodes)} node(s): {hosts} (salloc/sbatch --exclude={hosts})"
+    elif job:
+        verdict = "failed"
+    else:
+        suspect = [node.host for node in nodes if node.verdict == "suspect"]
+        but = f", {','.join(suspect)} suspect (not excluded: run the check again)" if suspect else ""
+        verdict = f"passed on all {len(nodes)} node(s){but}"
+    return f"srun.sh: health check {verdict}; {run.run_dir / HEALTH_JSON}"
+
+
+def write_results(run: Run, nodes: list[Node], job: str) -> bool:
+    """Writes RUN_DIR/health.json and RUN_DIR/health/failed-nodes; whether every node passed. health.json has the
+    verdicts indented and each rank's record on a line of its own (json's indenting encoder, pure Python, takes 15 s
+    for the records of 4,096 ranks; its C encoder writes each line at once)."""
+    failed = [node.host for node in nodes if node.failed]
+    result = {
+        "passed": not failed and not job,
+        "outcome": run.outcome,
+        "seconds": round(run.seconds, 1),
+        "timeout_s": run.timeout,
+        "failed_nodes": failed,
+        "suspect_nodes": [node.host for node in nodes if node.verdict == "suspect"],
+        "job": {**job_figures(run.records), "finding": job or None},
+        "nodes": [dataclasses.asdict(node) for node in nodes],
+    }
+    head = json.dumps(result, indent=1).removesuffix("\n}")
+    records = sorted(run.records.items())
+    ranks = ",\n".join(f'  "{rank}": {getattr(record, "text", "") or json.dumps(record)}' for rank, record in records)
+    (run.run_dir / HEALTH_JSON).write_text(f'{head},\n "ranks": {{\n{ranks}\n }}\n}}\n')
+    (run.run_dir / FAILED_NODES).write_text(",".join(failed) + ("\n" if failed else ""))
+    return result["passed"]
 
 
 def run(run_dir: Path, timeout_s: float, nodes: list[str], ranks_per_node: int, launch_command: list[str]) -> int:
