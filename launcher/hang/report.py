@@ -28,7 +28,7 @@ from launcher.hang.answers import TOP_FRAMES, Rank, position, short
 from launcher.hang.collectives import Collective, collectives, ranges, torch_analysis
 from launcher.hang.judge import Pace, Stop, in_teardown, judge, last_steps, pace, read_watch, start_hang
 from launcher.hang.progress import read_json
-from launcher.health.records import exit_statuses
+from launcher.health.judge import exit_statuses
 from launcher.run_files import many_records
 
 
