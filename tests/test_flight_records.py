@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from launcher.hang import dumps, flight_records
 from launcher.hang.answers import Rank
-from launcher.hang.collectives import collectives
+from launcher.hang.flight_records import collectives
 
 OPS = ("nccl:all_reduce", "nccl:_allgather_base", "gloo:all_reduce", "nccl:broadcast")
 

@@ -13,9 +13,8 @@ registers here) and then reads RUN_DIR/hang/ (launcher/hang/report.py):
   signal.set_wakeup_fd, since the main thread may never run Python again;
 - answer-rank-R.json, once that thread is done: when the request came, whether torch.distributed was up, the
   backend, the last step, when it completed and the longest step so far (launcher/hang/progress.py, this host's
-  clock), and the summary of its flight recorder that the report reads (launcher/hang/flight_records.py), so that
-  the launching host reads one small file a rank. The thread needs the GIL: a rank whose stuck thread holds it
-  answers with its stacks only.
+  clock), and the summary of its flight recorder (launcher/hang/flight_records.py), so that the launching host reads
+  one small file a rank. The thread needs the GIL: a rank whose stuck thread holds it answers with its stacks only.
 
 SIGUSR2 is blocked in the main thread, so in every thread it starts and in every process the rank starts (the mask is
 inherited across fork and exec): data loader workers, compilers and checkpoint writers ignore the step-wide signal
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.hang import flight_records, progress
+from launcher.hang.answers import process_start_time
 
 SIGNAL = signal.SIGUSR2
 
@@ -76,23 +76,9 @@ def install(run_dir: Path, rank: int, in_process_restart: bool = False) -> None:
     thread.name = "srun.sh hang report"
     thread.start()
     signal.pthread_sigmask(signal.SIG_BLOCK, {SIGNAL})
-    register(directory, rank)
-
-
-def register(directory: Path, rank: int) -> None:
     pid = os.getpid()
     record = {"rank": rank, "host": socket.gethostname(), "pid": pid, "start_time": process_start_time(pid)}
     progress.write_json(directory / f"rank-{rank}.json", record | {"main_thread": threading.main_thread().ident})
-
-
-def process_stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command name (proc(5)): [0] the state letter, [19] the start time."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def process_start_time(pid: int) -> str:
-    """Field 22 of /proc/PID/stat: with the pid, it names one process for good (pids are reused)."""
-    return process_stat(pid)[19]
 
 
 def answer_requests(reader: socket.socket, directory: Path, rank: int, stacks: IO[str]) -> None:

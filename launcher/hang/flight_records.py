@@ -1,19 +1,21 @@
-"""Reading torch's flight recorder records (a plain pickle of the process groups' config and status, and their
-recent entries), and the summary of one that a rank writes into its hang-report answer (launcher/hang/dumps.py), so
-that the launching host reads one small answer a rank instead of its whole record. Standard library only: both sides
-import it.
+"""What torch's flight recorder records say (a plain pickle of the process groups' config and status, and their recent
+entries): each process group's oldest collective that not every member completed, who is in it and who is not. Standard
+library only: the launching host reads the records, and a rank writes their summary into its hang-report answer
+(launcher/hang/dumps.py), so that the host reads one small answer a rank instead of its whole record.
 
-A summary is the record in torch's own shape with only what the hang report reads of it (launcher/hang/
-collectives.py): every group's config and status, its entries not completed yet, and of the rest only those that say
-a group's name and description, whether NCCL recorded start times, and which operations it ran; each group's members
-as ranges ("0-4095", or "3-4091:8" for ranks 8 apart) rather than torch's list of every rank, which every member of
-the group would repeat.
+A summary is the record in torch's own shape with only what collectives() reads of it: every group's config and status,
+its entries not completed yet, and of the rest only those that say a group's name and description, whether NCCL
+recorded start times, and which operations it ran; each group's members as ranges ("0-4095", or "3-4091:8" for ranks 8
+apart) rather than torch's list of every rank, which every member of the group would repeat.
 """
 
+import dataclasses
 import functools
 import itertools
 import json
 from collections.abc import Iterable
+
+from launcher.hang.answers import Rank
 
 
 def ranges(ranks: Iterable[int]) -> str:
@@ -27,8 +29,7 @@ def ranges(ranks: Iterable[int]) -> str:
 
 
 def strided(ranks: list[int]) -> str:
-    """A summary's members: '5-4093:8' for ranks of one common step (a data-parallel group of ranks 8 apart, whose
-    ranges would name every member), else ranges()."""
+    """'5-4093:8' for ranks of one common step (a data-parallel group of ranks 8 apart), else ranges()."""
     ordered = sorted(set(ranks))
     step = ordered[1] - ordered[0] if len(ordered) > 2 else 0
     if step > 1 and ordered == list(range(ordered[0], ordered[-1] + 1, step)):
@@ -36,10 +37,10 @@ def strided(ranks: list[int]) -> str:
     return ranges(ordered)
 
 
+# One list for each members text, shared by every rank's record that names it (so not to be changed).
 @functools.cache
 def expanded(text: str) -> list[int]:
-    """'0-2,5' -> [0, 1, 2, 5] and '1-9:4' -> [1, 5, 9]; one list for each text, shared by every rank that names it
-    (not to be changed)."""
+    """'0-2,5' -> [0, 1, 2, 5] and '1-9:4' -> [1, 5, 9]."""
     ranks: list[int] = []
     for part in filter(None, text.split(",")):
         run, _, step = part.partition(":")
@@ -48,10 +49,7 @@ def expanded(text: str) -> list[int]:
     return ranks
 
 
-@functools.cache
-def parsed(text: str) -> list[int]:
-    """torch's members text, '[0, 1, 2]'; one list for each text, shared (not to be changed)."""
-    return json.loads(text)
+parsed = functools.cache(json.loads)  # torch's members text, '[0, 1, 2]'
 
 
 def members(config: dict) -> list[int]:
@@ -62,13 +60,13 @@ def members(config: dict) -> list[int]:
 def group_records(dump: dict) -> dict[str, dict]:
     """One rank's flight recorder -> {process group name: desc, members, enqueued, completed, entries by seq}."""
     groups: dict[str, dict] = {}
-    names: dict[str, tuple[str, str]] = {}
+    names: dict[str, tuple[str, str]] = {}  # torch keys pg_status by the group's id, pg_config by its name
 
     def group(name: str, desc: str) -> dict:
         return groups.setdefault(name, {"desc": desc, "members": None, "enqueued": 0, "completed": 0, "entries": {}})
 
     for entry in dump.get("entries", []):
-        if entry.get("is_p2p"):
+        if entry.get("is_p2p"):  # it shares the sequence number of the collective before it
             continue
         name, desc = (str(part) for part in entry["process_group"])
         desc = "" if desc == "undefined" else desc
@@ -85,7 +83,7 @@ def group_records(dump: dict) -> dict[str, dict]:
 
 
 def kept_entries(dump: dict) -> list[dict]:
-    """The entries the report reads, in their order: those of a group with a status that it has not completed; the
+    """The entries a summary keeps, in their order: those of a group with a status that it has not completed; the
     first of each group name (its description) and the last of each group id (the name of its status); the last
     with a start time of each group name (whether NCCL times starts); the last of each operation (whose records these
     are)."""
@@ -117,3 +115,84 @@ def summary(dump: dict) -> dict:
     }
     return {"version": dump.get("version"), "pg_config": config, "pg_status": dump.get("pg_status", {}),
             "entries": kept_entries(dump)}  # fmt: skip
+
+
+@dataclasses.dataclass
+class Collective:
+    """One process group's oldest collective that not every member completed."""
+
+    group: str
+    desc: str
+    members: list[int]
+    seq: int
+    ops: dict[str, list[int]]  # what the waiting ranks are in: "gloo:all_reduce" -> ranks
+    sizes: str
+    behind: list[int]  # members with a record that have not entered it
+    silent: list[int]  # members without a record
+    unstarted: list[int]  # members in it whose GPU never started it, while another member's did (NCCL)
+    gpu_states: str  # "started" (every GPU is in it), "scheduled" (no GPU started it), or "" (unknown)
+    entered_s: float | None  # how long before its answer the first waiting rank entered it, where known
+
+    def waiting(self) -> list[int]:
+        return sorted(rank for ranks in self.ops.values() for rank in ranks)
+
+    def outside(self) -> list[int]:
+        """The members the others wait for."""
+        return sorted(self.behind + self.silent + self.unstarted)
+
+    def name(self) -> str:
+        # no op when every member either completed it or never entered it (a broadcast's root is done early)
+        op = max(self.ops, key=lambda op: len(self.ops[op]), default="a collective")
+        label = f"{self.desc}, " if self.desc else ""
+        return f"{op} #{self.seq} of process group {self.group} ({label}ranks {ranges(self.members)})"
+
+
+def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
+    """Every process group's oldest collective that not all of its members completed, the most telling first: those
+    with members that are not in it, then those that the most ranks wait in."""
+    records = {number: group_records(rank.dump) for number, rank in ranks.items() if rank.dump is not None}
+    holders: dict[str, dict[int, dict]] = {}  # each group's records, by the rank they are of
+    for number, groups in records.items():
+        for name, group in groups.items():
+            holders.setdefault(name, {})[number] = group
+    found = [c for name in sorted(holders) if (c := oldest_open(name, holders[name], set(records), ranks, world))]
+    return sorted(found, key=lambda c: (not c.outside(), -len(c.waiting()), -len(c.members), c.seq))
+
+
+def oldest_open(
+    name: str, holders: dict[int, dict], recorded: set[int], ranks: dict[int, Rank], world: int
+) -> Collective | None:
+    """Process group `name`'s oldest collective that not every member completed, or None. `holders`: the group's
+    record of each rank that has one; `recorded`: the ranks with a record at all."""
+    known = list(holders.values())
+    desc = next((group["desc"] for group in known if group["desc"]), "")
+    members = next((group["members"] for group in known if group["members"]), None)
+    if members is None:
+        members = list(range(world)) if desc == "default_pg" else list(holders)
+    none = {"enqueued": 0, "completed": 0}  # a member with records, none of this group's (not created there yet)
+    groups = {member: holders.get(member, none) for member in members if member in recorded}
+    status = {member: (group["enqueued"], group["completed"]) for member, group in groups.items()}
+    if not any(enqueued > completed for enqueued, completed in status.values()):
+        return None
+    seq = min(completed for _, completed in status.values()) + 1
+    waiting = [member for member, (enqueued, completed) in sorted(status.items()) if enqueued >= seq > completed]
+    entries = {member: holders[member]["entries"].get(seq) or {} for member in waiting}
+    ops: dict[str, list[int]] = {}
+    for member, entry in entries.items():
+        ops.setdefault(entry.get("profiling_name", "a collective"), []).append(member)
+    states = {member: str(entry.get("state")) for member, entry in entries.items()}
+    # "scheduled" everywhere says that no GPU started it only where TORCH_NCCL_ENABLE_TIMING records starts at all
+    timed = any(entry.get("time_discovered_started_ns") for group in known for entry in group["entries"].values())
+    seen = set(states.values())
+    asked = {member: (ranks[member].answer or {}).get("time") for member in waiting}  # on the rank's own clock
+    entered = [asked[m] - entry["time_created_ns"] / 1e9 for m, entry in entries.items()
+               if asked[m] is not None and entry.get("time_created_ns") is not None]  # fmt: skip
+    return Collective(
+        name, desc, sorted(members), seq, ops,
+        sizes=next((sizes for entry in entries.values() if (sizes := str(entry.get("input_sizes", "")))), ""),
+        behind=sorted(member for member, (enqueued, _) in status.items() if enqueued < seq),
+        silent=sorted(member for member in members if member not in recorded),
+        unstarted=[m for m, state in states.items() if state == "scheduled"] if "started" in seen else [],
+        gpu_states="started" if seen == {"started"} else "scheduled" if seen == {"scheduled"} and timed else "",
+        entered_s=max(entered, default=None),
+    )  # fmt: skip
