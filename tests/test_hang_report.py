@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
 
 from launcher.hang import answers as hang_answers
-from launcher.hang import flight_records as hang_flight_records
+from launcher.hang import collectives as hang_collectives
 from launcher.hang import progress
 from launcher.hang import report as hang_report
 from launcher.hang import watch as hang_watch
@@ -131,7 +131,7 @@ def test_rank_that_never_enqueued_the_collective_is_not_in_it():
     behind = dump([entry("0", 5, "completed")], {"0": (5, 5)})
     ranks = ranks_with({0: ahead, 1: ahead, 2: ahead, 3: behind})
 
-    (found,) = hang_flight_records.collectives(ranks, 4)
+    (found,) = hang_collectives.collectives(ranks, 4)
 
     assert (found.seq, found.waiting(), found.outside()) == (6, [0, 1, 2], [3])
     assert found.name() == "nccl:all_reduce #6 of process group 0 (default_pg, ranks 0-3)"
@@ -148,7 +148,7 @@ def test_rank_whose_gpu_never_started_the_collective_is_named_when_the_others_di
     queued = dump([entry("0", 8, "completed"), entry("0", 9, "scheduled")], {"0": (9, 8)}, ranks="[0, 1]")
     ranks = ranks_with({0: started, 1: queued})
 
-    (found,) = hang_flight_records.collectives(ranks, 2)
+    (found,) = hang_collectives.collectives(ranks, 2)
 
     assert found.unstarted == [1] and found.outside() == [1]
     assert "its GPU never started it" in hang_report.whereabouts(ranks[1], [found])
@@ -158,7 +158,7 @@ def test_every_member_in_it_on_its_gpu_points_at_the_network():
     started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1]")
     ranks = ranks_with({0: started, 1: started})
 
-    found = hang_flight_records.collectives(ranks, 2)
+    found = hang_collectives.collectives(ranks, 2)
     first, second, _ = hang_report.summary(ranks, found, "why", Path("/r"))
 
     assert "every member of nccl:all_reduce #9" in first and "suspect the network between node1" in second
@@ -167,11 +167,11 @@ def test_every_member_in_it_on_its_gpu_points_at_the_network():
 def test_no_incomplete_collective_is_no_finding():
     done = dump([entry("0", 4, "completed")], {"0": (4, 4)})
 
-    assert hang_flight_records.collectives(ranks_with({0: done, 1: done}), 2) == []
+    assert hang_collectives.collectives(ranks_with({0: done, 1: done}), 2) == []
 
 
 def test_ranges_of_ranks():
-    assert hang_flight_records.ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert hang_collectives.ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert hang_report.ranks_phrase([3], "wait") == "rank 3 waits" and hang_report.ranks_phrase([0, 1]) == "ranks 0-1"
 
 
@@ -269,7 +269,7 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
     ranks = ranks_with({0: ahead, 1: ahead, 2: ahead, 3: behind})
     for number, rank in ranks.items():
         rank.answer = answered(7, 0.1 + 0.01 * number, 0.3)
-    found = hang_flight_records.collectives(ranks, 4)
+    found = hang_collectives.collectives(ranks, 4)
     seen = hang_report.pace(ranks, None, 0.0)
     assert found[0].outside() == [3] and seen is not None
 
@@ -294,7 +294,7 @@ def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_n
     for rank in ranks.values():
         rank.answer = answered(7, 30.0, 0.5)  # no step for 30 s: no progressing job
     seen = hang_report.pace(ranks, None, 0.0)
-    found = hang_flight_records.collectives(ranks, 2)
+    found = hang_collectives.collectives(ranks, 2)
 
     assert found[0].entered_s == pytest.approx(0.2, abs=0.01)
     assert hang_report.evidence(found, seen.longest_step_s) == []
@@ -302,7 +302,7 @@ def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_n
         [entry("0", 8, "started") | {"time_created_ns": int((1_000_000.0 - 29.0) * 1e9)}], {"0": (8, 7)}, "[0, 1]"
     )
     ranks[0].dump = old
-    assert hang_report.evidence(hang_flight_records.collectives(ranks, 2), seen.longest_step_s)[0].outside() == [1]
+    assert hang_report.evidence(hang_collectives.collectives(ranks, 2), seen.longest_step_s)[0].outside() == [1]
 
 
 def test_no_step_time_before_the_second_step():
@@ -326,7 +326,7 @@ def start_up_barrier(entered_s_ago: float) -> dict[int, Rank]:
 @pytest.mark.parametrize("watch", [{"launched": 0.0, "limit_s": 1200.0, "since_s": 40.0}, None])
 def test_stop_during_start_up_blames_nobody_though_a_rank_is_not_yet_in_the_collective(watch: dict | None):
     ranks = start_up_barrier(entered_s_ago=30.0)
-    found = hang_flight_records.collectives(ranks, 4)
+    found = hang_collectives.collectives(ranks, 4)
     assert found[0].outside() == [3] and hang_report.pace(ranks, None, 0.0) is None
 
     stop, evidence = hang_report.judge(ranks, found, None, watch, stalled=False)
@@ -349,7 +349,7 @@ def test_stop_during_start_up_blames_what_is_older_than_the_hang_watchs_limit():
     """With the watch off, or a stop in the second before its poll: the watch would have called it a stall."""
     ranks = start_up_barrier(entered_s_ago=1300.0)
     watch = {"launched": 0.0, "limit_s": 1200.0, "since_s": 1310.0}
-    stop, evidence = hang_report.judge(ranks, hang_flight_records.collectives(ranks, 4), None, watch, stalled=False)
+    stop, evidence = hang_report.judge(ranks, hang_collectives.collectives(ranks, 4), None, watch, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
 
     assert (
@@ -377,7 +377,7 @@ def test_a_stop_after_the_first_step_is_before_a_step_time_is_known():
         rank.answer |= {"last_step": 1, "last_step_time": 1_000_000.0 - 0.6, "longest_step_s": None}
     watch = {"launched": 0.0, "limit_s": 300.0, "since_s": 62.3}
 
-    stop, _ = hang_report.judge(ranks, hang_flight_records.collectives(ranks, 4), None, watch, stalled=False)
+    stop, _ = hang_report.judge(ranks, hang_collectives.collectives(ranks, 4), None, watch, stalled=False)
 
     assert stop is not None and stop.says == (
         "stopped before the second step: step 1 had completed, 62 s after the launch;"
@@ -505,7 +505,7 @@ def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step
     ranks[0].frames = ["File train.py, line 1 in train_step"]
 
     seen = hang_report.pace(ranks, record, record["time"] + 0.02)
-    stop, found = hang_report.judge(ranks, hang_flight_records.collectives(ranks, 1), seen, None, stalled=False)
+    stop, found = hang_report.judge(ranks, hang_collectives.collectives(ranks, 1), seen, None, stalled=False)
 
     assert seen is not None and seen.step == 30 and record["longest_step_s"] is not None
     assert stop is not None and stop.says.startswith("training was progressing: last step 30") and found == []
@@ -675,7 +675,7 @@ def test_a_group_with_a_member_outside_its_collective_comes_before_a_larger_grou
     )
     ranks |= ranks_with({3: dump([entry("0", 6, "started")], {"0": (6, 5)})})
 
-    found = hang_flight_records.collectives(ranks, 4)
+    found = hang_collectives.collectives(ranks, 4)
 
     assert [(c.group, c.seq, c.members, c.outside(), c.gpu_states) for c in found] == [
         ("1", 3, [0, 1], [1], "started"),
@@ -704,7 +704,7 @@ def test_a_member_without_records_is_not_in_the_collective_and_the_group_waits_f
     ranks |= ranks_with({1: dump([entry("0", 2, "started")], {"0": (2, 1)}, ranks="[0, 1, 2]")})
     ranks[2] = Rank(2, "node2", registered={"pid": 102}, answer={"distributed": True, "last_step": 5})
 
-    (found,) = hang_flight_records.collectives(ranks, 3)
+    (found,) = hang_collectives.collectives(ranks, 3)
 
     assert (found.silent, found.behind, found.outside(), found.waiting()) == ([2], [], [2], [0, 1])
     assert hang_report.summary(ranks, [found], "why", Path("/r"))[:2] == [
@@ -726,7 +726,7 @@ def test_a_collective_no_gpu_started_is_work_stuck_before_it_only_where_starts_a
     queued = dump([earlier, entry("0", 5, "scheduled")], {"0": (5, 4)})
     ranks = ranks_with({n: queued for n in range(4)})
 
-    found = hang_flight_records.collectives(ranks, 4)
+    found = hang_collectives.collectives(ranks, 4)
 
     assert found[0].gpu_states == ("scheduled" if timed else "")
     assert hang_report.summary(ranks, found, "why", Path("/r"))[:2] == [
@@ -742,7 +742,7 @@ def test_a_rank_whose_gpu_never_started_it_is_in_the_not_in_it_line_and_not_amon
     queued = dump([entry("0", 8, "completed"), entry("0", 9, "scheduled")], {"0": (9, 8)}, ranks="[0, 1, 2]")
     ranks = ranks_with({0: started, 1: started, 2: queued})
 
-    found = hang_flight_records.collectives(ranks, 3)
+    found = hang_collectives.collectives(ranks, 3)
     first, second, _ = hang_report.summary(ranks, found, "why", Path("/r"))
 
     assert first == (
@@ -908,16 +908,16 @@ def test_process_groups_are_read_by_name_with_their_members_status_and_entries_a
         "entries": [send, gather, other],
     }
 
-    assert hang_flight_records.group_records(record) == {
+    assert hang_collectives.group_records(record) == {
         "tp": {"desc": "", "members": [2, 3], "enqueued": 4, "completed": 3, "entries": {4: gather}},
         "x": {"desc": "", "members": None, "enqueued": 0, "completed": 0, "entries": {2: other}},
         "12": {"desc": "", "members": None, "enqueued": 0, "completed": 0, "entries": {}},
     }
-    assert hang_flight_records.group_records({"pg_status": record["pg_status"]})["11"]["enqueued"] == 4
+    assert hang_collectives.group_records({"pg_status": record["pg_status"]})["11"]["enqueued"] == 4
     ranks = ranks_with({2: record})
     ranks[3] = Rank(3, "node2", registered={"pid": 103})
 
-    (found,) = hang_flight_records.collectives(ranks, 4)
+    (found,) = hang_collectives.collectives(ranks, 4)
 
     assert (found.group, found.members, found.seq, found.silent, found.ops) == (
         "tp",
@@ -1075,7 +1075,7 @@ def test_the_collective_line_names_the_op_most_ranks_are_in_and_lists_each_op_by
     ranks = ranks_with({n: dump([entry("0", 3, "started", op=op)], {"0": (3, 2)}, "[0, 1, 2, 3, 4]")
                         for n, op in enumerate(ops)})  # fmt: skip
 
-    (found,) = hang_flight_records.collectives(ranks, 5)
+    (found,) = hang_collectives.collectives(ranks, 5)
 
     assert hang_report.collective_lines([found]) == [
         "  nccl:broadcast #3 of process group 0 (default_pg, ranks 0-4), sizes [[1024]]",
@@ -1092,13 +1092,13 @@ def test_a_member_ahead_that_completed_it_is_neither_waiting_nor_outside_and_big
     stuck["pg_config"]["1"] = {"ranks": "[0, 1]"}
     ranks = ranks_with({0: stuck, 1: stuck, 2: ahead, 3: ahead})
 
-    found = hang_flight_records.collectives(ranks, 4)
+    found = hang_collectives.collectives(ranks, 4)
 
     assert [(c.group, c.waiting(), c.outside()) for c in found] == [("0", [0, 1], []), ("1", [0, 1], [])]
     waiting_all = dump([entry("0", 6, "started"), entry("1", 2, "started", pg_id=1)], {"0": (6, 5), "1": (2, 1)})
     waiting_all["pg_config"]["1"] = {"ranks": "[0, 1]"}
     ranks = ranks_with({n: waiting_all for n in range(4)})
-    assert [c.group for c in hang_flight_records.collectives(ranks, 4)] == ["0", "1"]  # 4 ranks wait in 0, 2 in 1
+    assert [c.group for c in hang_collectives.collectives(ranks, 4)] == ["0", "1"]  # 4 ranks wait in 0, 2 in 1
 
 
 def test_members_and_their_place_come_from_any_rank_that_knows_the_group(monkeypatch):
@@ -1108,18 +1108,18 @@ def test_members_and_their_place_come_from_any_rank_that_knows_the_group(monkeyp
     del no_config["pg_config"]
     ranks = ranks_with({0: no_config, 1: no_config})
 
-    (found,) = hang_flight_records.collectives(ranks, 3)
+    (found,) = hang_collectives.collectives(ranks, 3)
 
     assert (found.members, found.silent) == ([0, 1, 2], [2])
     tp = dump([entry("tp", 3, "started", pg_id=7)], {"7": (3, 2)})
     tp["pg_config"] = {"tp": {"ranks": "[0, 1]"}}
     ranks = ranks_with({0: tp, 1: dump([], {})})
 
-    (found,) = hang_flight_records.collectives(ranks, 2)
+    (found,) = hang_collectives.collectives(ranks, 2)
 
     assert (found.group, found.seq, found.behind, found.ops) == ("tp", 1, [1], {})
     wrapped = dump([entry("0", 1, "completed")], {"0": (2, 1)}, ranks="[0]")  # entry 2 overwritten in the buffer
-    (found,) = hang_flight_records.collectives(ranks_with({0: wrapped}), 1)
+    (found,) = hang_collectives.collectives(ranks_with({0: wrapped}), 1)
     assert (found.ops, hang_report.collective_lines([found])[0]) == (
         {"a collective": [0]},
         "  a collective #2 of process group 0 (default_pg, ranks 0), sizes ?",
@@ -1134,11 +1134,11 @@ def test_a_collective_was_entered_as_long_before_the_request_as_its_earliest_wai
         ranks[n] = Rank(n, "h", dump=record, answer={"time": created_s + ago})
     ranks[1].answer = None  # its answer did not come: its clock says nothing
 
-    (found,) = hang_flight_records.collectives(ranks, 2)
+    (found,) = hang_collectives.collectives(ranks, 2)
 
     assert found.entered_s == pytest.approx(50.0, abs=0.01)
     ranks[1].answer = {"time": created_s + 10.0}
-    assert hang_flight_records.collectives(ranks, 2)[0].entered_s == pytest.approx(50.0, abs=0.01)
+    assert hang_collectives.collectives(ranks, 2)[0].entered_s == pytest.approx(50.0, abs=0.01)
 
 
 def test_a_collective_its_root_completed_while_the_other_member_never_entered_it_is_reported():
@@ -1148,7 +1148,7 @@ def test_a_collective_its_root_completed_while_the_other_member_never_entered_it
     root = dump([entry("0", 6, "completed", op="nccl:broadcast"), entry("0", 7, "started")], {"0": (7, 6)}, "[0, 1]")
     ranks = ranks_with({0: behind, 1: root})
 
-    (found,) = hang_flight_records.collectives(ranks, 2)
+    (found,) = hang_collectives.collectives(ranks, 2)
 
     assert (found.seq, found.ops, found.behind) == (6, {}, [0])
     assert hang_report.summary(ranks, [found], "why", Path("/r"))[:2] == [
@@ -1188,7 +1188,7 @@ def test_every_member_in_it_on_its_gpu_is_said_with_how_to_see_the_transport():
     started = dump([entry("0", 9, "started")], {"0": (9, 8)}, ranks="[0, 1]")
     ranks = ranks_with({0: started, 1: started})
 
-    second = hang_report.summary(ranks, hang_flight_records.collectives(ranks, 2), "why", Path("/r"))[1]
+    second = hang_report.summary(ranks, hang_collectives.collectives(ranks, 2), "why", Path("/r"))[1]
 
     assert second == (
         "srun.sh:   every GPU is in it: suspect the network between node1 (NCCL_DEBUG=INFO shows the transport)"
@@ -1221,7 +1221,7 @@ def test_help_describes_each_option_in_the_words_of_its_documentation(monkeypatc
         assert [w for w in words if not {w, w + "s", w.removesuffix("s")} & known] == [], option
 
 
-def stalled_job() -> tuple[dict[int, Rank], list[hang_flight_records.Collective], hang_report.Pace]:
+def stalled_job() -> tuple[dict[int, Rank], list[hang_collectives.Collective], hang_report.Pace]:
     """Four ranks of a stall 30 s after step 5 (steps of 2 s): 0-1 in the default group's gloo all-reduce #2 for 60 s
     and in all-gather #3 of their subgroup for 0.1 s; rank 2 (node2) did not answer; rank 3 (node2) never joined."""
     asked = 1_000_000.0
@@ -1236,7 +1236,7 @@ def stalled_job() -> tuple[dict[int, Rank], list[hang_flight_records.Collective]
         rank.answer = answered(5, 30.0, 2.0, asked) | {"distributed": True}
     ranks[2] = Rank(2, "node2", registered={"pid": 102, "start_time": "x"})
     ranks[3] = Rank(3, "node2", registered={"pid": 103}, answer={"distributed": False}, frames=["load (data.py:7)"])
-    return ranks, hang_flight_records.collectives(ranks, 4), hang_report.pace(ranks, None, 0.0)
+    return ranks, hang_collectives.collectives(ranks, 4), hang_report.pace(ranks, None, 0.0)
 
 
 def test_a_stalls_report_counts_what_came_names_what_is_left_out_and_parts_its_sections_with_a_blank_line():
@@ -1436,7 +1436,7 @@ def test_a_p2p_entry_after_a_collective_keeps_the_collectives_sequence_number_an
     record = {"pg_config": {"tp": {"ranks": "[2, 3]"}}, "entries": [gather, send]}
     record["pg_status"] = {"11": {"last_enqueued_collective": 4, "last_completed_collective": 3}}
 
-    assert hang_flight_records.group_records(record)["tp"]["entries"] == {4: gather}
+    assert hang_collectives.group_records(record)["tp"]["entries"] == {4: gather}
 
 
 def test_the_step_records_pace_is_the_time_since_its_last_step_however_short():
@@ -1514,7 +1514,7 @@ def test_a_rank_whose_gpu_never_started_it_and_whose_stacks_did_not_come_is_said
     ranks = ranks_with({0: started, 1: queued})
     ranks[1].frames = []
 
-    found = hang_flight_records.collectives(ranks, 2)
+    found = hang_collectives.collectives(ranks, 2)
 
     assert hang_report.whereabouts(ranks[1], found) == (
         "its GPU never started it (the work queued before it is stuck), at no stacks"

@@ -31,7 +31,7 @@ class Rank:
     registered: dict | None = None  # rank-R.json: pid, start time, main thread
     answer: dict | None = None  # answer-rank-R.json: distributed, backend, last step
     frames: list[str] = dataclasses.field(default_factory=list)  # the main thread's, most recent first
-    dump: dict | None = None  # the flight recorder record, or its summary (launcher/hang/flight_records.py)
+    dump: dict | None = None  # the flight recorder record, or its summary (launcher/hang/collectives.py)
     ended: str | None = None  # how it ended, if it had (its status record)
 
     def where(self) -> str:

@@ -31,7 +31,7 @@ if not __package__:  # run as a script (launcher/host/supervisor.py): the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from launcher.hang import answers
 from launcher.hang.answers import Rank, position, short
-from launcher.hang.flight_records import Collective, collectives, ranges
+from launcher.hang.collectives import Collective, collectives, ranges
 from launcher.hang.progress import PROGRESS_FILE, read_json
 from launcher.health.records import exit_statuses
 from launcher.run_files import many_records
@@ -66,8 +66,8 @@ def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | No
     """None before the second step: until then no step's time is known. From the ranks' answers, else from rank 0's
     step record (RUN_DIR/hang/progress.json, as the hang watch reads it): a rank whose stacks came but whose answer
     did not (its flight-recorder dump still running) says nothing of its pace, and that is no sign of a stall."""
-    answers = [r.answer for r in ranks.values() if r.answer and r.answer.get("longest_step_s") is not None]
-    timed = [a for a in answers if a.get("last_step_time") is not None and a.get("time") is not None]
+    keys = ("longest_step_s", "last_step_time", "time")
+    timed = [r.answer for r in ranks.values() if r.answer and all(r.answer.get(key) is not None for key in keys)]
     if timed:
         since = min(max(0.0, a["time"] - a["last_step_time"]) for a in timed)
         return Pace(max(a["last_step"] for a in timed), since, max(a["longest_step_s"] for a in timed))
@@ -109,9 +109,10 @@ def evidence(found: list[Collective], least_s: float | None) -> list[Collective]
 
 def start_up(ranks: dict[int, Rank], watch: dict | None) -> str:
     """What a stop before a step time is known says: how far the launch had come."""
-    steps = last_steps(ranks.values())
-    done = f"stopped before the second step: step {steps[-1]} had completed" if steps else (
-        "stopped during start-up: no training step had completed")  # fmt: skip
+    if steps := last_steps(ranks.values()):
+        done = f"stopped before the second step: step {steps[-1]} had completed"
+    else:
+        done = "stopped during start-up: no training step had completed"
     after = f", {watch['since_s']:.0f} s after the launch" if watch else ""
     return f"{done}{after}; nothing is blamed (a stop is not a stall)"
 

@@ -1,12 +1,12 @@
 """What torch's flight recorder records say (a plain pickle of the process groups' config and status, and their recent
-entries): each process group's oldest collective that not every member completed, who is in it and who is not. Standard
-library only: the launching host reads the records, and a rank writes their summary into its hang-report answer
+entries): each process group's oldest collective that not every member completed, who is in it and who is not.
+Standard library only: the launching host reads them, and a rank writes their summary into its hang-report answer
 (launcher/hang/dumps.py), so that the host reads one small answer a rank instead of its whole record.
 
-A summary is the record in torch's own shape with only what collectives() reads of it: every group's config and status,
-its entries not completed yet, and of the rest only those that say a group's name and description, whether NCCL
-recorded start times, and which operations it ran; each group's members as ranges ("0-4095", or "3-4091:8" for ranks 8
-apart) rather than torch's list of every rank, which every member of the group would repeat.
+A summary is the record in torch's shape with only what collectives() reads: every group's config and status, its
+entries not completed yet, and of the rest those that say a group's name and description, whether NCCL recorded start
+times, and which operations it ran; each group's members as ranges ("0-4095", "3-4091:8" for ranks 8 apart) rather
+than torch's list of every rank, which every member of the group would repeat.
 """
 
 import dataclasses
