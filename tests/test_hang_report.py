@@ -297,12 +297,12 @@ def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_n
     found = hang_collectives.collectives(ranks, 2)
 
     assert found[0].entered_s == pytest.approx(0.2, abs=0.01)
-    assert hang_report.evidence(found, seen.longest_step_s) == []
+    assert hang_collectives.evidence(found, seen.longest_step_s) == []
     old = dump(
         [entry("0", 8, "started") | {"time_created_ns": int((1_000_000.0 - 29.0) * 1e9)}], {"0": (8, 7)}, "[0, 1]"
     )
     ranks[0].dump = old
-    assert hang_report.evidence(hang_collectives.collectives(ranks, 2), seen.longest_step_s)[0].outside() == [1]
+    assert hang_collectives.evidence(hang_collectives.collectives(ranks, 2), seen.longest_step_s)[0].outside() == [1]
 
 
 def test_no_step_time_before_the_second_step():
@@ -820,17 +820,17 @@ def test_torchs_analysis_is_run_on_nccls_records_and_its_output_kept(tmp_path: P
     fr = tmp_path / "fr"
     command = f"torchfrtrace {fr} -p rank- --allow-incomplete-ranks"
 
-    assert hang_report.torch_analysis({0: Rank(0, "h")}, fr) == ["  no flight recorder records came"]
-    assert hang_report.torch_analysis(gloo, fr) == [
+    assert hang_collectives.torch_analysis({0: Rank(0, "h")}, fr) == ["  no flight recorder records came"]
+    assert hang_collectives.torch_analysis(gloo, fr) == [
         "  torchfrtrace reads NCCL's records only; these are gloo's (the analysis above reads them)"
     ]
     monkeypatch.setattr(sys, "executable", str(stand_in))
-    lines = hang_report.torch_analysis(nccl, fr)
+    lines = hang_collectives.torch_analysis(nccl, fr)
     assert lines == [f"  `{command}` (exit status 3):", *(f"    line {i}" for i in range(11, 71))]
     called = "-m torch.distributed.flight_recorder.fr_trace " + str(fr) + " -p rank- --allow-incomplete-ranks\n"
     assert (tmp_path / "called").read_text() == called
-    monkeypatch.setattr(hang_report.importlib.util, "find_spec", lambda name: None)
-    assert hang_report.torch_analysis(nccl, fr) == [f"  {stand_in} has no torch: run `{command}` where torch is"]
+    monkeypatch.setattr(hang_collectives.importlib.util, "find_spec", lambda name: None)
+    assert hang_collectives.torch_analysis(nccl, fr) == [f"  {stand_in} has no torch: run `{command}` where torch is"]
 
 
 def test_waiting_for_answers_ends_when_they_came_or_a_ranks_stacks_came_a_grace_ago(tmp_path: Path, monkeypatch):
@@ -1290,10 +1290,10 @@ def test_torchs_analysis_is_given_up_after_the_limit_it_names(tmp_path: Path, mo
         limits.append(options["timeout"])
         return real_run(arguments, **(options | {"timeout": options["timeout"] / 1000}))
 
-    monkeypatch.setattr(hang_report.subprocess, "run", run_faster)
+    monkeypatch.setattr(hang_collectives.subprocess, "run", run_faster)
     nccl = ranks_with({0: dump([entry("0", 2, "started")], {"0": (2, 1)})})
 
-    (line,) = hang_report.torch_analysis(nccl, tmp_path / "fr")
+    (line,) = hang_collectives.torch_analysis(nccl, tmp_path / "fr")
 
     said = re.fullmatch(rf"  `torchfrtrace {tmp_path / 'fr'} -p rank- --allow-incomplete-ranks` took more than (\d+) s;"
                         r" run it yourself", line)  # fmt: skip

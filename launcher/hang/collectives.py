@@ -1,6 +1,7 @@
 """What torch's flight recorder records say (a plain pickle of the process groups' config and status, and their recent
-entries): each process group's oldest collective that not every member completed, who is in it and who is not.
-Standard library only: the launching host reads them, and a rank writes their summary into its hang-report answer
+entries): each process group's oldest collective that not every member completed, who is in it and who is not; and
+torch's own analysis of them, `torchfrtrace`, where this Python has torch and the records are NCCL's. Standard library
+only: the launching host reads the records, and a rank writes their summary into its hang-report answer
 (launcher/hang/dumps.py), so that the host reads one small answer a rank instead of its whole record.
 
 A summary is the record in torch's shape with only what collectives() reads: every group's config and status, its
@@ -11,9 +12,13 @@ than torch's list of every rank, which every member of the group would repeat.
 
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import json
+import subprocess
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 from launcher.hang.answers import Rank
 
@@ -196,3 +201,31 @@ def oldest_open(
         gpu_states="started" if seen == {"started"} else "scheduled" if seen == {"scheduled"} and timed else "",
         entered_s=max(entered, default=None),
     )  # fmt: skip
+
+
+def evidence(found: list[Collective], least_s: float | None) -> list[Collective]:
+    """The collectives that say something: one its first rank entered less than `least_s` (the longest step so far;
+    at a stop before a step time is known, the hang watch's limit) before it was asked is ordinary work, whatever the
+    others do. None: every one."""
+    return found if least_s is None else [c for c in found if c.entered_s is None or c.entered_s >= least_s]
+
+
+def torch_analysis(ranks: dict[int, Rank], fr_dir: Path) -> list[str]:
+    """torchfrtrace's own analysis of the records, where it runs: it reads NCCL's records (not gloo's) with torch."""
+    dumps = [rank.dump for rank in ranks.values() if rank.dump is not None]
+    names = {entry.get("profiling_name", "") for dump in dumps for entry in dump.get("entries", [])}
+    command = f"torchfrtrace {fr_dir} -p rank- --allow-incomplete-ranks"
+    if not dumps:
+        return ["  no flight recorder records came"]
+    if not any(name.startswith("nccl:") for name in names):
+        return ["  torchfrtrace reads NCCL's records only; these are gloo's (the analysis above reads them)"]
+    if importlib.util.find_spec("torch") is None:
+        return [f"  {sys.executable} has no torch: run `{command}` where torch is"]
+    module = "torch.distributed.flight_recorder.fr_trace"
+    arguments = [sys.executable, "-m", module, str(fr_dir), "-p", "rank-", "--allow-incomplete-ranks"]
+    try:
+        result = subprocess.run(arguments, capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        return [f"  `{command}` took more than 120 s; run it yourself"]
+    output = (result.stdout + result.stderr).splitlines()[-60:]
+    return [f"  `{command}` (exit status {result.returncode}):", *(f"    {line}" for line in output)]

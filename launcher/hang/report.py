@@ -19,9 +19,7 @@ what is older than the hang watch's limit then. A hang at start is ranks that ne
 
 import argparse
 import dataclasses
-import importlib.util
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -31,7 +29,7 @@ if not __package__:  # run as a script (launcher/host/supervisor.py): the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from launcher.hang import answers
 from launcher.hang.answers import Rank, position, short
-from launcher.hang.collectives import Collective, collectives, ranges
+from launcher.hang.collectives import Collective, collectives, evidence, ranges, torch_analysis
 from launcher.hang.progress import PROGRESS_FILE, read_json
 from launcher.health.records import exit_statuses
 from launcher.run_files import many_records
@@ -98,13 +96,6 @@ def judge(
     if old or (start_hang(ranks) and watch["since_s"] > limit):
         return None, old
     return Stop(start_up(ranks, watch), f"the hang watch would call it a stall after {limit:g} s"), []
-
-
-def evidence(found: list[Collective], least_s: float | None) -> list[Collective]:
-    """The collectives that say something: one its first rank entered less than `least_s` (the longest step so far;
-    at a stop before a step time is known, the hang watch's limit) before it was asked is ordinary work, whatever the
-    others do. None: every one."""
-    return found if least_s is None else [c for c in found if c.entered_s is None or c.entered_s >= least_s]
 
 
 def start_up(ranks: dict[int, Rank], watch: dict | None) -> str:
@@ -373,27 +364,6 @@ def frames_by_rank(ranks: dict[int, Rank]) -> list[str]:
         lines.append(f"  {where}{': ' + state if state else ''}")
         lines += [f"      {frame}" for frame in frames]
     return lines
-
-
-def torch_analysis(ranks: dict[int, Rank], fr_dir: Path) -> list[str]:
-    """torchfrtrace's own analysis of the records, where it runs: it reads NCCL's records (not gloo's) with torch."""
-    dumps = [rank.dump for rank in ranks.values() if rank.dump is not None]
-    names = {entry.get("profiling_name", "") for dump in dumps for entry in dump.get("entries", [])}
-    command = f"torchfrtrace {fr_dir} -p rank- --allow-incomplete-ranks"
-    if not dumps:
-        return ["  no flight recorder records came"]
-    if not any(name.startswith("nccl:") for name in names):
-        return ["  torchfrtrace reads NCCL's records only; these are gloo's (the analysis above reads them)"]
-    if importlib.util.find_spec("torch") is None:
-        return [f"  {sys.executable} has no torch: run `{command}` where torch is"]
-    module = "torch.distributed.flight_recorder.fr_trace"
-    arguments = [sys.executable, "-m", module, str(fr_dir), "-p", "rank-", "--allow-incomplete-ranks"]
-    try:
-        result = subprocess.run(arguments, capture_output=True, text=True, timeout=120, check=False)
-    except subprocess.TimeoutExpired:
-        return [f"  `{command}` took more than 120 s; run it yourself"]
-    output = (result.stdout + result.stderr).splitlines()[-60:]
-    return [f"  `{command}` (exit status {result.returncode}):", *(f"    {line}" for line in output)]
 
 
 def collect(

@@ -4,9 +4,10 @@ RUN_DIR/hang/stalled.txt and calls back; the supervisor then collects the hang r
 
 Too long: before the first step (imports, checkpoint loading, dataset indexes), 20 minutes; then SRUNSH_HANG_TIMEOUT_S,
 by default 10 times the longest time between two records (evaluation and logging steps included), at least 5 minutes.
-A longer SRUNSH_HANG_TIMEOUT_S applies to the start too. A checkpoint save, and the time after training ended, do not
-count. It keeps RUN_DIR/hang/watch.json ({"launched": time.time() of its start, "limit_s": its limit now}) for the
-report: a stop before a step time is known blames only what is older than that limit. Standard library only.
+A longer SRUNSH_HANG_TIMEOUT_S applies to the start too (start-up legitimately takes longer than a step). A checkpoint
+save, and the time after training ended, do not count. It keeps RUN_DIR/hang/watch.json ({"launched": time.time() of
+its start, "limit_s": its limit now}) for the report: a stop before a step time is known blames only what is older
+than that limit. Standard library only: it runs on the launching host.
 """
 
 import threading
