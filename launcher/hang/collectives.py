@@ -194,7 +194,7 @@ def oldest_open(
                if asked[m] is not None and entry.get("time_created_ns") is not None]  # fmt: skip
     return Collective(
         name, desc, sorted(members), seq, ops,
-        sizes=next((sizes for entry in entries.values() if (sizes := str(entry.get("input_sizes", "")))), ""),
+        sizes=next(filter(None, (str(entry.get("input_sizes", "")) for entry in entries.values())), ""),
         behind=sorted(member for member, (enqueued, _) in status.items() if enqueued < seq),
         silent=sorted(member for member in members if member not in recorded),
         unstarted=[m for m, state in states.items() if state == "scheduled"] if "started" in seen else [],
