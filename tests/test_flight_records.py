@@ -1,5 +1,5 @@
 """The summary of a flight recorder record that a rank writes into its hang-report answer
-(launcher/hang/flight_records.py): the report reads the same collectives from it as from the whole record, for any
+(launcher/hang/collectives.py): the report reads the same collectives from it as from the whole record, for any
 record, and the rank's answer carries it beside torch's record."""
 
 import dataclasses
@@ -10,7 +10,8 @@ import pickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.hang import dumps, flight_records
+from launcher.hang import collectives as hang_collectives
+from launcher.hang import dumps
 from launcher.hang.answers import Rank
 from launcher.hang.collectives import collectives
 
@@ -65,7 +66,7 @@ def ranks_with(records: dict[int, dict]) -> dict[int, Rank]:
 @given(job_records())
 def test_the_summary_gives_the_report_the_collectives_the_whole_record_gives(job: tuple[int, dict[int, dict]]):
     world, records = job
-    summaries = {n: json.loads(json.dumps(flight_records.summary(record))) for n, record in records.items()}
+    summaries = {n: json.loads(json.dumps(hang_collectives.summary(record))) for n, record in records.items()}
 
     whole = [dataclasses.asdict(c) for c in collectives(ranks_with(records), world)]
     summarised = [dataclasses.asdict(c) for c in collectives(ranks_with(summaries), world)]
@@ -91,11 +92,11 @@ def test_a_summary_names_members_as_ranges_and_keeps_only_what_is_not_completed_
     record = {"pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(4096)))}}}
     record |= {"pg_status": {"0": {"last_enqueued_collective": 2000, "last_completed_collective": 1999}}}
 
-    summary = flight_records.summary(record | {"entries": entries})
+    summary = hang_collectives.summary(record | {"entries": entries})
 
     assert summary["pg_config"] == {"0": {"name": "0", "desc": "default_pg", "ranges": "0-4095"}}
     assert [entry["collective_seq_id"] for entry in summary["entries"]] == [1, 2000]
-    assert flight_records.group_records(summary)["0"]["members"] == list(range(4096))
+    assert hang_collectives.group_records(summary)["0"]["members"] == list(range(4096))
 
 
 def test_the_ranks_answer_carries_the_summary_beside_torchs_record(tmp_path):
@@ -105,7 +106,7 @@ def test_the_ranks_answer_carries_the_summary_beside_torchs_record(tmp_path):
     fields = dumps.record_flight_recorder(tmp_path / "rank-3", data)
 
     assert (tmp_path / "rank-3").read_bytes() == data
-    assert fields == {"flight_recorder": "rank-3", "flight_recorder_summary": flight_records.summary(record)}
+    assert fields == {"flight_recorder": "rank-3", "flight_recorder_summary": hang_collectives.summary(record)}
     assert dumps.record_flight_recorder(tmp_path / "rank-4", b"not a pickle") == {"flight_recorder": "rank-4"}
 
 
@@ -114,8 +115,8 @@ def test_the_ranks_answer_carries_the_summary_beside_torchs_record(tmp_path):
     | st.builds(lambda a, n: set(range(a, a + n)), st.integers(0, 9), st.integers(0, 5000))
 )
 def test_ranges_name_every_rank_once_and_read_back_to_the_same_ranks(ranks: set[int]):
-    text = flight_records.ranges(ranks)
-    assert flight_records.expanded(text) == sorted(ranks)
+    text = hang_collectives.ranges(ranks)
+    assert hang_collectives.expanded(text) == sorted(ranks)
     runs = [part.split("-") for part in filter(None, text.split(","))]
     assert all(int(run[0]) < int(run[-1]) for run in runs if len(run) == 2)
     assert all(int(a[-1]) + 1 < int(b[0]) for a, b in itertools.pairwise(runs))  # runs do not touch: each is whole
@@ -131,8 +132,8 @@ def test_ranges_name_every_rank_once_and_read_back_to_the_same_ranks(ranks: set[
     )
 )
 def test_a_summarys_members_read_back_to_the_same_ranks_and_a_common_step_takes_one_run(ranks: set[int]):
-    text = flight_records.strided(sorted(ranks))
-    assert flight_records.expanded(text) == sorted(ranks)
+    text = hang_collectives.strided(sorted(ranks))
+    assert hang_collectives.expanded(text) == sorted(ranks)
     ordered = sorted(ranks)
     if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1, ordered[1] - ordered[0])):
         assert "," not in text

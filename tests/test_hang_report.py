@@ -25,8 +25,6 @@ from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
 
 from launcher.hang import answers as hang_answers
 from launcher.hang import collectives as hang_collectives
-from launcher.hang import dumps as hang_dumps
-from launcher.hang import judge as hang_judge
 from launcher.hang import progress
 from launcher.hang import report as hang_report
 from launcher.hang import watch as hang_watch
@@ -222,7 +220,7 @@ def test_rank_stuck_tearing_down_after_an_error_is_not_a_hang_at_start():
 
     first, second, _ = hang_report.summary(ranks, [], "no step for 300 s", Path("/r/hang-report.txt"))
 
-    assert hang_judge.start_hang(ranks) is None
+    assert hang_report.start_hang(ranks) is None
     assert "rank 0 hangs in torch.distributed's teardown after step 3" in first
     assert "its log has the error that ended training" in first
     assert (
@@ -272,10 +270,10 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
     for number, rank in ranks.items():
         rank.answer = answered(7, 0.1 + 0.01 * number, 0.3)
     found = hang_collectives.collectives(ranks, 4)
-    seen = hang_judge.pace(ranks, None, 0.0)
+    seen = hang_report.pace(ranks, None, 0.0)
     assert found[0].outside() == [3] and seen is not None
 
-    stop, evidence = hang_judge.judge(ranks, found, seen, None, stalled=False)
+    stop, evidence = hang_report.judge(ranks, found, seen, None, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGTERM", Path("/r/hang-report.txt"), stop)
     report = hang_report.report_text(ranks, found, "x", Path("/r"), seen=seen, stop=stop, found=evidence)
 
@@ -285,7 +283,7 @@ def test_stop_of_a_progressing_job_blames_nobody_though_a_rank_is_not_yet_in_the
     )
     assert second == "srun.sh:   an ordinary stop: 4 of 4 ranks answered; the longest step so far took 0.30 s"
     assert "not in it" not in report and "Progress: training was progressing: last step 7" in report
-    assert hang_judge.judge(ranks, found, seen, None, stalled=True)[0] is None  # a stall keeps the analysis
+    assert hang_report.judge(ranks, found, seen, None, stalled=True)[0] is None  # a stall keeps the analysis
 
 
 def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_not_evidence():
@@ -295,7 +293,7 @@ def test_a_collective_entered_less_than_the_longest_step_before_the_request_is_n
     ranks = ranks_with({0: ahead, 1: behind})
     for rank in ranks.values():
         rank.answer = answered(7, 30.0, 0.5)  # no step for 30 s: no progressing job
-    seen = hang_judge.pace(ranks, None, 0.0)
+    seen = hang_report.pace(ranks, None, 0.0)
     found = hang_collectives.collectives(ranks, 2)
 
     assert found[0].entered_s == pytest.approx(0.2, abs=0.01)
@@ -311,7 +309,7 @@ def test_no_step_time_before_the_second_step():
     ranks = ranks_with({0: dump([], {})})
     ranks[0].answer = {"time": 5.0, "last_step": 1, "last_step_time": 4.0, "longest_step_s": None}
 
-    assert hang_judge.pace(ranks, None, 0.0) is None
+    assert hang_report.pace(ranks, None, 0.0) is None
 
 
 def start_up_barrier(entered_s_ago: float) -> dict[int, Rank]:
@@ -329,9 +327,9 @@ def start_up_barrier(entered_s_ago: float) -> dict[int, Rank]:
 def test_stop_during_start_up_blames_nobody_though_a_rank_is_not_yet_in_the_collective(watch: dict | None):
     ranks = start_up_barrier(entered_s_ago=30.0)
     found = hang_collectives.collectives(ranks, 4)
-    assert found[0].outside() == [3] and hang_judge.pace(ranks, None, 0.0) is None
+    assert found[0].outside() == [3] and hang_report.pace(ranks, None, 0.0) is None
 
-    stop, evidence = hang_judge.judge(ranks, found, None, watch, stalled=False)
+    stop, evidence = hang_report.judge(ranks, found, None, watch, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
     report = hang_report.report_text(ranks, found, "x", Path("/r"), seen=None, stop=stop, found=evidence)
 
@@ -343,7 +341,7 @@ def test_stop_during_start_up_blames_nobody_though_a_rank_is_not_yet_in_the_coll
     because = "the hang watch would call it a stall after 1200 s" if watch else "the hang watch is off"
     assert second.startswith(f"srun.sh:   an ordinary stop: 4 of 4 ranks answered; {because}")
     assert "not in it" not in report and "entered 30.0 s before the request" in report
-    stalled, evidence = hang_judge.judge(ranks, found, None, watch, stalled=True)
+    stalled, evidence = hang_report.judge(ranks, found, None, watch, stalled=True)
     assert stalled is None and evidence[0].outside() == [3]  # the hang watch's stall keeps the analysis
 
 
@@ -351,7 +349,7 @@ def test_stop_during_start_up_blames_what_is_older_than_the_hang_watchs_limit():
     """With the watch off, or a stop in the second before its poll: the watch would have called it a stall."""
     ranks = start_up_barrier(entered_s_ago=1300.0)
     watch = {"launched": 0.0, "limit_s": 1200.0, "since_s": 1310.0}
-    stop, evidence = hang_judge.judge(ranks, hang_collectives.collectives(ranks, 4), None, watch, stalled=False)
+    stop, evidence = hang_report.judge(ranks, hang_collectives.collectives(ranks, 4), None, watch, stalled=False)
     first, second, _ = hang_report.summary(ranks, evidence, "srun.sh got SIGINT", Path("/r/hang-report.txt"), stop)
 
     assert (
@@ -365,9 +363,9 @@ def test_stop_at_start_names_the_rank_that_never_joined_only_after_the_hang_watc
         1: Rank(1, "node1", registered={"pid": 101}, answer={"distributed": False}, frames=["import_module (y:2)"]),
     }
     early = {"launched": 0.0, "limit_s": 1200.0, "since_s": 5.0}
-    assert hang_judge.judge(ranks, [], None, early, stalled=False)[0] is not None
+    assert hang_report.judge(ranks, [], None, early, stalled=False)[0] is not None
     late = {**early, "since_s": 1201.0}
-    stop, found = hang_judge.judge(ranks, [], None, late, stalled=False)
+    stop, found = hang_report.judge(ranks, [], None, late, stalled=False)
     first, _, _ = hang_report.summary(ranks, found, "srun.sh got SIGTERM", Path("/r/hang-report.txt"), stop)
 
     assert stop is None and "hang at start: 1 rank(s) never joined torch.distributed" in first
@@ -379,7 +377,7 @@ def test_a_stop_after_the_first_step_is_before_a_step_time_is_known():
         rank.answer |= {"last_step": 1, "last_step_time": 1_000_000.0 - 0.6, "longest_step_s": None}
     watch = {"launched": 0.0, "limit_s": 300.0, "since_s": 62.3}
 
-    stop, _ = hang_judge.judge(ranks, hang_collectives.collectives(ranks, 4), None, watch, stalled=False)
+    stop, _ = hang_report.judge(ranks, hang_collectives.collectives(ranks, 4), None, watch, stalled=False)
 
     assert stop is not None and stop.says == (
         "stopped before the second step: step 1 had completed, 62 s after the launch;"
@@ -430,7 +428,7 @@ def test_hang_watch_says_why_in_stalled_txt_and_calls_back_once_then_ends(tmp_pa
 
 
 def registered_as(pid: int, host: str) -> dict:
-    return {"pid": pid, "host": host, "start_time": hang_dumps.process_start_time(pid), "main_thread": 1}
+    return {"pid": pid, "host": host, "start_time": hang_answers.process_start_time(pid), "main_thread": 1}
 
 
 def test_rank_that_did_not_answer_on_this_host_is_named_with_its_process_state():
@@ -506,8 +504,8 @@ def test_a_stop_whose_answers_lag_behind_the_stacks_reads_the_pace_from_the_step
     ranks[0].answer = None  # its stacks came, its answer did not
     ranks[0].frames = ["File train.py, line 1 in train_step"]
 
-    seen = hang_judge.pace(ranks, record, record["time"] + 0.02)
-    stop, found = hang_judge.judge(ranks, hang_collectives.collectives(ranks, 1), seen, None, stalled=False)
+    seen = hang_report.pace(ranks, record, record["time"] + 0.02)
+    stop, found = hang_report.judge(ranks, hang_collectives.collectives(ranks, 1), seen, None, stalled=False)
 
     assert seen is not None and seen.step == 30 and record["longest_step_s"] is not None
     assert stop is not None and stop.says.startswith("training was progressing: last step 30") and found == []
@@ -540,7 +538,7 @@ def start_ranks():
             started.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
         assert [process.stdout.readline() for process in started] == ["ready\n"] * ranks
         deadline = time.monotonic() + 30
-        while any(hang_dumps.process_stat(process.pid)[0] != "S" for process in started):  # each in its sleep
+        while any(hang_answers.process_stat(process.pid)[0] != "S" for process in started):  # each in its sleep
             assert time.monotonic() < deadline
             time.sleep(0.01)
         return started
@@ -859,7 +857,7 @@ def test_a_rank_that_did_not_answer_heads_the_console_in_a_stop_and_in_a_finding
     answered = Rank(0, "node9", registered={"pid": 1}, answer={"last_step": 3}, frames=["x (y.py:1)"])
     silent = Rank(1, "node9", registered={"pid": 2, "start_time": "x"})
     ranks = {0: answered, 1: silent}
-    stop = hang_judge.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
+    stop = hang_report.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
 
     assert hang_report.summary(ranks, [], "why", Path("/r"), stop)[:2] == [
         "srun.sh: hang report (why): training was progressing: last step 3, 0.50 s before the stop",
@@ -1016,10 +1014,10 @@ def test_help_shows_the_documented_usage_as_written_and_says_what_each_option_do
 
 
 def test_the_report_reads_the_hang_watchs_limit_and_how_long_since_the_launch(tmp_path: Path):
-    assert hang_judge.read_watch(tmp_path, 1045.0) is None  # the watch is off
+    assert hang_report.read_watch(tmp_path, 1045.0) is None  # the watch is off
     hang_watch.write_limit(tmp_path, 1000.0, 30.0)
 
-    assert hang_judge.read_watch(tmp_path, 1045.0) == {"launched": 1000.0, "limit_s": 30.0, "since_s": 45.0}
+    assert hang_report.read_watch(tmp_path, 1045.0) == {"launched": 1000.0, "limit_s": 30.0, "since_s": 45.0}
 
 
 def test_earlier_answers_and_flight_recorder_records_are_forgotten_and_nothing_else(tmp_path: Path):
@@ -1223,7 +1221,7 @@ def test_help_describes_each_option_in_the_words_of_its_documentation(monkeypatc
         assert [w for w in words if not {w, w + "s", w.removesuffix("s")} & known] == [], option
 
 
-def stalled_job() -> tuple[dict[int, Rank], list[hang_collectives.Collective], hang_judge.Pace]:
+def stalled_job() -> tuple[dict[int, Rank], list[hang_collectives.Collective], hang_report.Pace]:
     """Four ranks of a stall 30 s after step 5 (steps of 2 s): 0-1 in the default group's gloo all-reduce #2 for 60 s
     and in all-gather #3 of their subgroup for 0.1 s; rank 2 (node2) did not answer; rank 3 (node2) never joined."""
     asked = 1_000_000.0
@@ -1238,12 +1236,12 @@ def stalled_job() -> tuple[dict[int, Rank], list[hang_collectives.Collective], h
         rank.answer = answered(5, 30.0, 2.0, asked) | {"distributed": True}
     ranks[2] = Rank(2, "node2", registered={"pid": 102, "start_time": "x"})
     ranks[3] = Rank(3, "node2", registered={"pid": 103}, answer={"distributed": False}, frames=["load (data.py:7)"])
-    return ranks, hang_collectives.collectives(ranks, 4), hang_judge.pace(ranks, None, 0.0)
+    return ranks, hang_collectives.collectives(ranks, 4), hang_report.pace(ranks, None, 0.0)
 
 
 def test_a_stalls_report_counts_what_came_names_what_is_left_out_and_parts_its_sections_with_a_blank_line():
     ranks, in_flight, seen = stalled_job()
-    stop, found = hang_judge.judge(ranks, in_flight, seen, None, stalled=True)
+    stop, found = hang_report.judge(ranks, in_flight, seen, None, stalled=True)
     assert stop is None and [c.group for c in in_flight] == ["0", "1"]
     assert [c.group for c in found] == ["0"]  # a stall too: the subgroup's 0.1 s (< the longest step) says nothing
 
@@ -1370,7 +1368,7 @@ def test_local_signals_each_rank_that_is_still_its_registered_process_and_no_reu
     try:
         registered = {
             0: {"pid": reused.pid, "start_time": "1"},  # its pid, now another process's (it started later)
-            1: {"pid": rank.pid, "start_time": hang_dumps.process_start_time(rank.pid)},
+            1: {"pid": rank.pid, "start_time": hang_answers.process_start_time(rank.pid)},
         }
         assert hang_answers.process_state(registered[0]) == "its process is gone"
 
@@ -1398,7 +1396,7 @@ def test_local_signals_the_other_ranks_when_one_ends_between_its_check_and_its_s
 
     monkeypatch.setattr(hang_answers, "live_state", ends_right_after)
     try:
-        registered = {n: {"pid": p.pid, "start_time": hang_dumps.process_start_time(p.pid)}
+        registered = {n: {"pid": p.pid, "start_time": hang_answers.process_start_time(p.pid)}
                       for n, p in enumerate((ending, rank))}  # fmt: skip
 
         assert hang_answers.signal_local(registered) is None
@@ -1412,7 +1410,7 @@ def test_local_signals_the_other_ranks_when_one_ends_between_its_check_and_its_s
 
 def test_a_process_state_that_proc_5_lists_and_the_table_does_not_is_named_by_its_letter(monkeypatch):
     """proc(5)'s P (parked, Linux 3.9-3.13), read from this process's real /proc/PID/stat with its state replaced."""
-    real = hang_dumps.process_stat(os.getpid())
+    real = hang_answers.process_stat(os.getpid())
     monkeypatch.setattr(hang_answers, "process_stat", lambda pid: ["P", *real[1:]])
 
     assert hang_answers.process_state({"pid": os.getpid(), "start_time": real[19]}) == "in state P"
@@ -1444,7 +1442,7 @@ def test_a_p2p_entry_after_a_collective_keeps_the_collectives_sequence_number_an
 def test_the_step_records_pace_is_the_time_since_its_last_step_however_short():
     record = {"step": 30, "time": 1000.0, "longest_step_s": 0.05}
 
-    seen = hang_judge.pace({}, record, 1000.3)
+    seen = hang_report.pace({}, record, 1000.3)
 
     assert (seen.step, seen.since_s, seen.longest_step_s) == (30, pytest.approx(0.3), 0.05)
 
@@ -1472,7 +1470,7 @@ def test_a_rank_that_joined_does_not_hide_a_later_one_that_never_did():
         3: Rank(3, "h", answer={"distributed": False}, frames=["load (data.py:7)"]),
     }
 
-    assert hang_judge.start_hang(ranks) == ([], [ranks[1], ranks[3]])
+    assert hang_report.start_hang(ranks) == ([], [ranks[1], ranks[3]])
 
 
 def test_a_rank_outside_the_collective_that_hangs_in_the_teardown_is_placed_at_its_frames():
@@ -1494,7 +1492,7 @@ def test_an_ordinary_stop_counts_a_rank_as_answered_by_its_stacks_or_its_answer(
         1: Rank(1, "h", registered={"pid": 2}, frames=["step (x.py:1)"]),  # its stacks; its answer still being written
         2: Rank(2, "h"),  # never registered
     }
-    stop = hang_judge.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
+    stop = hang_report.Stop("training was progressing: last step 3, 0.50 s before the stop", "because")
 
     assert hang_report.summary(ranks, [], "why", Path("/r"), stop)[1] == (
         "srun.sh:   an ordinary stop: 2 of 3 ranks answered; because"

@@ -1,5 +1,5 @@
-"""Asking the ranks for the hang report, and reading what they answered (launcher/hang/dumps.py writes it): their
-registrations, Python stacks, answers and flight recorder records, into one Rank each."""
+"""Asking the ranks for the hang report (SIGUSR2, answered by launcher/hang/dumps.py), and reading what they answered:
+their registrations, Python stacks, answers and flight recorder records, into one Rank each."""
 
 import contextlib
 import dataclasses
@@ -12,16 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.hang.dumps import process_stat
 from launcher.hang.progress import read_json
 from launcher.run_files import remove_all
 
 ANSWER_WAIT_S = 10.0  # the most a report waits for the ranks' answers
 STACKS_GRACE_S = 3.0  # how long a rank whose stacks came may still take to dump its flight recorder
-TOP_FRAMES = 6
 FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 THREAD = re.compile(r"^(?:Current thread|Thread) 0x(?P<ident>[0-9a-f]+) \(most recent call first\):$")
-# /proc/PID/stat's state letters (proc(5)), as the first line says them for a rank that did not answer.
+# /proc/PID/stat's state letters (proc(5)), as the report says them for a rank that did not answer.
 PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible sleep", "T": "stopped"}
 PROCESS_STATES |= {"t": "stopped by a tracer", "Z": "exited, not reaped", "X": "dead", "I": "idle"}
 
@@ -33,7 +31,7 @@ class Rank:
     registered: dict | None = None  # rank-R.json: pid, start time, main thread
     answer: dict | None = None  # answer-rank-R.json: distributed, backend, last step
     frames: list[str] = dataclasses.field(default_factory=list)  # the main thread's, most recent first
-    dump: dict | None = None  # the flight recorder record, or its summary (launcher/hang/flight_records.py)
+    dump: dict | None = None  # the flight recorder record, or its summary (launcher/hang/collectives.py)
     ended: str | None = None  # how it ended, if it had (its status record)
 
     def where(self) -> str:
@@ -54,22 +52,17 @@ def thread_stacks(text: str) -> dict[int, list[str]]:
     stacks: dict[int, list[str]] = {}
     current: list[str] | None = None
     for line in text.splitlines():
-        header = THREAD.match(line)
-        if header:
+        if header := THREAD.match(line):
             current = stacks.setdefault(int(header.group("ident"), 16), [])
             current.clear()  # a later dump of the same thread replaces an earlier one
-            continue
-        frame = FRAME.match(line)
-        if frame and current is not None:
+        elif (frame := FRAME.match(line)) and current is not None:
             current.append(f"{frame.group('func')} ({frame.group('file')}:{frame.group('line')})")
     return stacks
 
 
 def main_thread_frames(text: str, ident: int | None) -> list[str]:
     stacks = thread_stacks(text)
-    if ident in stacks:
-        return stacks[ident]
-    return next(iter(stacks.values()), [])
+    return stacks[ident] if ident in stacks else next(iter(stacks.values()), [])
 
 
 def short(frame: str) -> str:
@@ -83,11 +76,35 @@ def position(frames: list[str]) -> str:
     the second frame is the first outside torch and the standard library's threading, the rank's own code."""
     if not frames:
         return "no stacks"
-    top = frames[0]
     own = next((frame for frame in frames if "/torch/" not in frame and "threading.py" not in frame), None)
-    if own is None or own == top:
-        return short(top)
-    return f"{short(top)} from {short(own)}"
+    return short(frames[0]) if own is None or own == frames[0] else f"{short(frames[0])} from {short(own)}"
+
+
+def process_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (proc(5)): [0] the state letter, [19] the start time."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_start_time(pid: int) -> str:
+    """With the pid, it names one process for good (pids are reused): each rank registers it (dumps.py)."""
+    return process_stat(pid)[19]
+
+
+def live_state(record: dict) -> str | None:
+    """The state letter of a registered rank's process while its pid is still that process (pids are reused)."""
+    try:
+        fields = process_stat(record["pid"])
+    except OSError:
+        return None
+    return fields[0] if fields[19] == record.get("start_time") else None
+
+
+def process_state(record: dict) -> str:
+    """What /proc says of a registered rank's process on this host."""
+    state = live_state(record)
+    if state is None:
+        return "its process is gone"
+    return f"{PROCESS_STATES[state]} ({state})" if state in PROCESS_STATES else f"in state {state}"
 
 
 def registered_ranks(hang: Path) -> dict[int, dict]:
@@ -118,23 +135,6 @@ def signal_local(registered: dict[int, dict]) -> str | None:
             with contextlib.suppress(ProcessLookupError):  # it ended in between
                 os.kill(int(record["pid"]), signal.SIGUSR2)
     return None
-
-
-def live_state(record: dict) -> str | None:
-    """The state letter of a registered rank's process while its pid is still that process (pids are reused)."""
-    try:
-        fields = process_stat(record["pid"])
-    except OSError:
-        return None
-    return fields[0] if fields[19] == record.get("start_time") else None
-
-
-def process_state(record: dict) -> str:
-    """What /proc says of a registered rank's process on this host."""
-    state = live_state(record)
-    if state is None:
-        return "its process is gone"
-    return f"{PROCESS_STATES[state]} ({state})" if state in PROCESS_STATES else f"in state {state}"
 
 
 def ask(hang: Path, step: str | None, ended: set[int], before: dict[int, int]) -> float:
@@ -177,9 +177,15 @@ def read_stacks(path: Path, offset: int) -> str:
         return ""
 
 
-def read_dump(path: Path) -> dict | None:
+def read_dump(hang: Path, answer: dict | None) -> dict | None:
+    """The summary of its flight recorder that a rank answered with, else the record itself (fr/rank-R)."""
+    answer = answer or {}
+    if answer.get("flight_recorder_summary"):
+        return answer["flight_recorder_summary"]
+    if not answer.get("flight_recorder"):
+        return None
     try:
-        with path.open("rb") as record:
+        with (hang / "fr" / answer["flight_recorder"]).open("rb") as record:
             return pickle.load(record)
     except (OSError, pickle.UnpicklingError, EOFError):
         return None
@@ -194,13 +200,8 @@ def gather(run_dir: Path, world: int, host_of: list[str], before: dict[int, int]
     for number in range(world):
         record = registered.get(number)
         host = record["host"] if record else host_of[number] if number < len(host_of) else "?"
-        rank = Rank(number, host, registered=record, ended=ended.get(number))
-        rank.answer = read_json(hang / f"answer-rank-{number}.json")
+        answer = read_json(hang / f"answer-rank-{number}.json")
         text = read_stacks(hang / f"stacks-rank-{number}.txt", before.get(number, 0))
-        rank.frames = main_thread_frames(text, record["main_thread"] if record else None)
-        if rank.answer and rank.answer.get("flight_recorder_summary"):
-            rank.dump = rank.answer["flight_recorder_summary"]
-        elif rank.answer and rank.answer.get("flight_recorder"):
-            rank.dump = read_dump(hang / "fr" / rank.answer["flight_recorder"])
-        ranks[number] = rank
+        frames = main_thread_frames(text, record["main_thread"] if record else None)
+        ranks[number] = Rank(number, host, record, answer, frames, read_dump(hang, answer), ended.get(number))
     return ranks

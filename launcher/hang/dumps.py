@@ -1,25 +1,22 @@
-"""What a rank writes when srun.sh asks for a hang report (SIGUSR2): its Python stacks and torch's flight recorder.
+"""What a rank writes when srun.sh asks for a hang report (SIGUSR2, to every process of the job step; with --local, to
+the pid each rank registers here), into RUN_DIR/hang/ for launcher/hang/report.py:
 
-srun.sh sends SIGUSR2 to every process of the job step (`scancel --signal=USR2`; with --local, to the pid each rank
-registers here) and then reads RUN_DIR/hang/ (launcher/hang/report.py):
-
-- rank-R.json, written at start: the rank's host, pid, process start time and main thread, so that srun.sh signals
-  only this process and finds its main thread among the stacks;
+- rank-R.json, at start: the rank's host, pid, process start time and main thread, so that srun.sh signals only this
+  process and finds its main thread among the stacks;
 - stacks-rank-R.txt: every thread's Python stack, appended by the standard library's faulthandler from inside the
   signal handler. It needs no interpreter state, so a rank stuck in native code (an NCCL or CUDA wait that never
   returns to Python) still answers;
 - fr/rank-R: torch's flight recorder (the recent collectives of every process group, with their sequence numbers
   and states) as torch pickles it (`torchfrtrace` reads it), dumped by a thread that the signal wakes through
   signal.set_wakeup_fd, since the main thread may never run Python again;
-- answer-rank-R.json, once that thread is done: when the request came, whether torch.distributed was up, the
-  backend, the last step, when it completed and the longest step so far (launcher/hang/progress.py, this host's
-  clock), and the summary of its flight recorder that the report reads (launcher/hang/flight_records.py), so that
-  the launching host reads one small file a rank. The thread needs the GIL: a rank whose stuck thread holds it
-  answers with its stacks only.
+- answer-rank-R.json, once that thread is done: when the request came, whether torch.distributed was up, the backend,
+  the last step, when it completed and the longest step so far (progress.LAST, this host's clock), and the summary of
+  the flight recorder (collectives.py): the launching host reads one small file a rank. The thread needs the GIL:
+  a rank whose stuck thread holds it answers with its stacks only.
 
-SIGUSR2 is blocked in the main thread, so in every thread it starts and in every process the rank starts (the mask is
-inherited across fork and exec): data loader workers, compilers and checkpoint writers ignore the step-wide signal
-instead of dying of it. Only the answering thread takes it.
+SIGUSR2 is blocked in the main thread, so in every thread and process the rank starts (the mask is inherited across
+fork and exec): data loader workers, compilers and checkpoint writers ignore the step-wide signal instead of dying of
+it. Only the answering thread takes it.
 """
 
 import contextlib
@@ -34,7 +31,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.hang import flight_records, progress
+from launcher.hang import collectives, progress
+from launcher.hang.answers import process_start_time
 
 SIGNAL = signal.SIGUSR2
 
@@ -76,23 +74,9 @@ def install(run_dir: Path, rank: int, in_process_restart: bool = False) -> None:
     thread.name = "srun.sh hang report"
     thread.start()
     signal.pthread_sigmask(signal.SIG_BLOCK, {SIGNAL})
-    register(directory, rank)
-
-
-def register(directory: Path, rank: int) -> None:
     pid = os.getpid()
     record = {"rank": rank, "host": socket.gethostname(), "pid": pid, "start_time": process_start_time(pid)}
     progress.write_json(directory / f"rank-{rank}.json", record | {"main_thread": threading.main_thread().ident})
-
-
-def process_stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command name (proc(5)): [0] the state letter, [19] the start time."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def process_start_time(pid: int) -> str:
-    """Field 22 of /proc/PID/stat: with the pid, it names one process for good (pids are reused)."""
-    return process_stat(pid)[19]
 
 
 def answer_requests(reader: socket.socket, directory: Path, rank: int, stacks: IO[str]) -> None:
@@ -143,5 +127,5 @@ def record_flight_recorder(path: Path, data: bytes) -> dict[str, Any]:
     progress.replace_file(path, data)
     fields: dict[str, Any] = {"flight_recorder": path.name}
     with contextlib.suppress(pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError):
-        fields["flight_recorder_summary"] = flight_records.summary(pickle.loads(data))
+        fields["flight_recorder_summary"] = collectives.summary(pickle.loads(data))
     return fields

@@ -1,16 +1,14 @@
-"""Training progress as srun.sh's hang watch sees it: rank 0 records each completed step in RUN_DIR/hang/progress.json.
-
-One rank is enough: a stuck rank stops every other rank within a step, at its next collective. The record is
-rewritten (write, then rename) after every step:
+"""Training progress as the hang watch (launcher/hang/watch.py) sees it: rank 0 rewrites RUN_DIR/hang/progress.json
+(write, then rename) after every completed step. One rank is enough: a stuck rank stops every other rank within a
+step, at its next collective.
 
     {"step": 42, "phase": "training", "time": 1796117746.2, "longest_step_s": 0.13}
 
 `phase` is "training" after a training or evaluation step, "saving" when a checkpoint save follows the step (a save
 may take minutes without a step; the watch waits for the next record instead), "ended" once training is over,
-"restarting" while an in-process restart starts training again (launcher/restart/log.py).
-Every rank also keeps its last step, when it completed and the longest step so far in memory (LAST), which its
-hang-report answer includes: with them the report tells a stop of a progressing job from a stall, on the rank's own
-clock. Standard library only: the launching host reads these records too.
+"restarting" while an in-process restart starts training again (launcher/restart/log.py). Every rank keeps the same in
+memory (LAST) for its hang-report answer: with it the report tells a stop of a progressing job from a stall, on the
+rank's own clock. Standard library only: the launching host reads these records too.
 """
 
 import dataclasses
@@ -73,19 +71,17 @@ class Recorder:
         if LAST.phase == "training" and phase != "restarting" and LAST.monotonic is not None:
             LAST.longest_step_s = max(LAST.longest_step_s or 0.0, now - LAST.monotonic)
         LAST.step, LAST.time, LAST.phase, LAST.monotonic = step, time.time(), phase, now
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.path, {"step": step, "phase": phase, "time": LAST.time, "longest_step_s": LAST.longest_step_s})
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            record = {"step": step, "phase": phase, "time": LAST.time, "longest_step_s": LAST.longest_step_s}
+            write_json(self.path, record)
 
 
 def saving_after(checkpoint: Any, step: int) -> bool:
     """Whether Megatron Bridge saves a checkpoint after completed step `step` (its regular and non-persistent
     intervals, as checkpoint_and_decide_exit() tests them)."""
-    if not checkpoint.save:
-        return False
     intervals = (checkpoint.save_interval, getattr(checkpoint, "non_persistent_save_interval", None))
-    return any(interval and step % interval == 0 for interval in intervals)
+    return bool(checkpoint.save) and any(interval and step % interval == 0 for interval in intervals)
 
 
 def register(callbacks: Registry, run_dir: Path, rank: int) -> None:

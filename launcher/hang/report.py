@@ -2,8 +2,7 @@
 recorder (SIGUSR2, answered by launcher/hang/dumps.py), then write RUN_DIR/hang-report.txt: which ranks are not in
 the collective that the others wait in, on which host, and the top frames of every rank; a hang at start (ranks
 that never joined torch.distributed) and a rank stuck in torch.distributed's teardown after an error are named as
-such. The console gets three lines; the first names the ranks that did not answer, where any did not. A stop (not
---stalled) of a job that was progressing blames nothing (launcher/hang/judge.py says what a report may blame).
+such. The console gets three lines; the first names the ranks that did not answer, where any did not.
 
     python3 launcher/hang/report.py RUN_DIR --why TEXT --world-size N --nodes HOST,... --ranks-per-node G
                                     (--step JOB.STEP | --local) [--stalled]
@@ -11,10 +10,15 @@ such. The console gets three lines; the first names the ranks that did not answe
 --step signals the job step with `scancel --signal=USR2` (every process of it: only the rank answers); --local
 signals the pids that the ranks registered (each checked against its process start time). Runs on the launching host
 with the standard library only (the flight recorder's records are plain pickles); torch's own analysis,
-`torchfrtrace`, is added when this Python has torch and the records are NCCL's. The host supervisor calls collect().
+`torchfrtrace`, is added when this Python has torch and the records are NCCL's.
+
+What a report may blame: a stop (not --stalled) of a job that was progressing blames nothing, nor does a collective
+entered less than the longest step so far before the ranks were asked; a stop before a step time is known blames only
+what is older than the hang watch's limit then. A hang at start is ranks that never joined torch.distributed.
 """
 
 import argparse
+import dataclasses
 import socket
 import sys
 import time
@@ -24,12 +28,111 @@ from pathlib import Path
 if not __package__:  # run as a script (launcher/host/supervisor.py): the repository, two folders up, holds it
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from launcher.hang import answers
-from launcher.hang.answers import TOP_FRAMES, Rank, position, short
-from launcher.hang.collectives import Collective, collectives, ranges, torch_analysis
-from launcher.hang.judge import Pace, Stop, in_teardown, judge, last_steps, pace, read_watch, start_hang
-from launcher.hang.progress import read_json
+from launcher.hang.answers import Rank, position, short
+from launcher.hang.collectives import Collective, collectives, evidence, ranges, torch_analysis
+from launcher.hang.progress import PROGRESS_FILE, read_json
 from launcher.health.judge import exit_statuses
 from launcher.run_files import many_records
+
+TOP_FRAMES = 6
+RENDEZVOUS_FUNCTIONS = ("init_process_group", "rendezvous", "_store_based_barrier", "_create_c10d_store")
+# Where a rank is once training has failed: Megatron Bridge aborts the process groups, which may never return.
+TEARDOWN_FUNCTIONS = ("destroy_process_group", "_abort_process_group")
+# A stop within this many of the longest steps so far after the last step is a stop of a progressing job: a step may
+# take a little longer than every one before it (few steps seen yet, a logging or evaluation step).
+STEP_SLACK = 2.0
+
+
+@dataclasses.dataclass
+class Pace:
+    """Where training was when the ranks were asked, from their answers (launcher/hang/progress.py)."""
+
+    step: int  # the last step a rank completed
+    since_s: float  # from the latest step of any rank to its request, on that rank's clock
+    longest_step_s: float  # the longest step any rank saw so far
+
+
+@dataclasses.dataclass
+class Stop:
+    """A stop that blames nothing: what it says, and what backs that."""
+
+    says: str
+    because: str
+
+
+def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | None:
+    """None before the second step: until then no step's time is known. From the ranks' answers, else from rank 0's
+    step record (RUN_DIR/hang/progress.json, as the hang watch reads it): a rank whose stacks came but whose answer
+    did not (its flight-recorder dump still running) says nothing of its pace, and that is no sign of a stall."""
+    keys = ("longest_step_s", "last_step_time", "time")
+    timed = [r.answer for r in ranks.values() if r.answer and all(r.answer.get(key) is not None for key in keys)]
+    if timed:
+        since = min(max(0.0, a["time"] - a["last_step_time"]) for a in timed)
+        return Pace(max(a["last_step"] for a in timed), since, max(a["longest_step_s"] for a in timed))
+    if record and record.get("longest_step_s") is not None and record.get("time") is not None:
+        return Pace(record["step"], max(0.0, asked - record["time"]), record["longest_step_s"])
+    return None
+
+
+def read_watch(hang: Path, asked: float) -> dict | None:
+    """RUN_DIR/hang/watch.json, with "since_s" (from the launch to the request) added; None while the watch is off."""
+    watch = read_json(hang / "watch.json")
+    return None if watch is None else {**watch, "since_s": asked - watch["launched"]}
+
+
+def judge(
+    ranks: dict[int, Rank], in_flight: list[Collective], seen: Pace | None, watch: dict | None, stalled: bool
+) -> tuple[Stop | None, list[Collective]]:
+    """(the ordinary stop, or None; the collectives that are evidence). `watch`: read_watch()'s."""
+    if not stalled and seen is not None and seen.since_s <= STEP_SLACK * seen.longest_step_s:
+        says = f"training was progressing: last step {seen.step}, {seen.since_s:.2f} s before the stop"
+        return Stop(says, f"the longest step so far took {seen.longest_step_s:.2f} s"), []
+    if stalled or seen is not None:
+        return None, evidence(in_flight, seen.longest_step_s if seen else None)
+    limit = (watch or {}).get("limit_s")
+    if limit is None:
+        return Stop(start_up(ranks, watch), "the hang watch is off, so nothing counts as a stall"), []
+    old = [c for c in evidence(in_flight, limit) if c.entered_s is not None]
+    if old or (start_hang(ranks) and watch["since_s"] > limit):
+        return None, old
+    return Stop(start_up(ranks, watch), f"the hang watch would call it a stall after {limit:g} s"), []
+
+
+def start_up(ranks: dict[int, Rank], watch: dict | None) -> str:
+    """What a stop before a step time is known says: how far the launch had come."""
+    if steps := last_steps(ranks.values()):
+        done = f"stopped before the second step: step {steps[-1]} had completed"
+    else:
+        done = "stopped during start-up: no training step had completed"
+    after = f", {watch['since_s']:.0f} s after the launch" if watch else ""
+    return f"{done}{after}; nothing is blamed (a stop is not a stall)"
+
+
+def last_steps(ranks: Iterable[Rank]) -> list[int]:
+    """The distinct last steps the ranks answered with, in order."""
+    return sorted({r.answer["last_step"] for r in ranks if r.answer and r.answer.get("last_step")})
+
+
+def in_teardown(rank: Rank) -> bool:
+    """Stuck taking torch.distributed down; it is no longer initialized there, but it had joined."""
+    return any(name in frame for frame in rank.frames[:TOP_FRAMES] for name in TEARDOWN_FUNCTIONS)
+
+
+def start_hang(ranks: dict[int, Rank]) -> tuple[list[Rank], list[Rank]] | None:
+    """(waiting in the rendezvous, never joined) when some rank had not joined torch.distributed, else None."""
+    waiting, never = [], []
+    for rank in ranks.values():
+        answer = rank.answer or {}
+        if answer.get("distributed") or answer.get("last_step") or in_teardown(rank) or rank.ended:
+            continue
+        if any(name in frame for frame in rank.frames for name in RENDEZVOUS_FUNCTIONS):
+            waiting.append(rank)
+        elif rank.answer is not None or rank.registered is None:
+            never.append(rank)
+    return (waiting, never) if never or waiting else None
+
+
+# ---- The console's three lines -------------------------------------------------------------------------------------
 
 
 def summary(
@@ -75,8 +178,7 @@ def in_collective(ranks: dict[int, Rank], found: list[Collective]) -> tuple[str,
     first = found[0]
     if first.outside():
         outside = [ranks[n] for n in first.outside()]
-        unstarted = set(first.unstarted)
-        waiting = [n for n in first.waiting() if n not in unstarted]
+        waiting = [n for n in first.waiting() if n not in first.unstarted]
         who = ranks_phrase(waiting, "wait") if waiting else "no rank waits"
         return f"{who} in {first.name()}; {len(outside)} rank(s) not in it", f"not in it: {ranks_list(outside, found)}"
     hosts = ", ".join(sorted({ranks[n].host for n in first.members if n in ranks}))
@@ -118,8 +220,7 @@ def answered_by_host(ranks: dict[int, Rank]) -> dict[str, list[int]]:
 
 def seen_of(rank: Rank, answered: dict[str, list[int]], here: str) -> str:
     """What the launching host can see of a rank that did not answer: its process on this host; of another host,
-    only that no answer came (and whether that host's other ranks answered, i.e. it is up). `answered`:
-    answered_by_host()."""
+    only that no answer came (and whether that host's other ranks answered, i.e. it is up)."""
     if rank.host == here and rank.registered is not None:
         return answers.process_state(rank.registered)
     others = answered.get(rank.host, [])
@@ -144,9 +245,8 @@ def whereabouts(rank: Rank, found: list[Collective]) -> str:
     """Where a rank that is not in a collective is instead."""
     if rank.ended:
         return rank.ended
-    for collective in found:
-        if rank.rank in collective.unstarted:
-            return f"its GPU never started it (the work queued before it is stuck), at {position(rank.frames)}"
+    if any(rank.rank in collective.unstarted for collective in found):
+        return f"its GPU never started it (the work queued before it is stuck), at {position(rank.frames)}"
     for collective in found:
         for op, members in collective.ops.items():
             if rank.rank in members:
@@ -155,9 +255,7 @@ def whereabouts(rank: Rank, found: list[Collective]) -> str:
         return f"training ended with an error (its log has it) and it hangs in the teardown, at {position(rank.frames)}"
     if rank.frames:
         return f"at {position(rank.frames)}"
-    if rank.registered is None:
-        return "no answer: it had not started entrypoint.py's hang handler"
-    return "no answer"
+    return "no answer" + (": it had not started entrypoint.py's hang handler" if rank.registered is None else "")
 
 
 def ranks_phrase(ranks: Iterable[int], verb: str = "") -> str:
@@ -170,8 +268,10 @@ def ranks_phrase(ranks: Iterable[int], verb: str = "") -> str:
 
 def ranks_list(ranks: list[Rank], found: list[Collective], limit: int = 3) -> str:
     shown = [f"{rank.where()}: {whereabouts(rank, found)}" for rank in ranks[:limit]]
-    more = f"; and {len(ranks) - limit} more" if len(ranks) > limit else ""
-    return "; ".join(shown) + more
+    return "; ".join(shown) + (f"; and {len(ranks) - limit} more" if len(ranks) > limit else "")
+
+
+# ---- RUN_DIR/hang-report.txt ---------------------------------------------------------------------------------------
 
 
 def report_text(
@@ -188,10 +288,17 @@ def report_text(
         f"Why: {why}",
         f"Ranks: {len(ranks)} on {len(hosts)} host(s); stacks from {stacks}, answers from {answered},"
         f" flight recorder records from {records}",
-        *progress_lines(seen, stop),
-        *silent_lines(ranks),
-        "",
     ]
+    if stop is not None:
+        lines.append(f"Progress: {stop.says}; {stop.because}; the collectives below are ordinary work")
+    elif seen is not None:
+        lines.append(f"Progress: last step {seen.step}, {seen.since_s:.1f} s before the ranks were asked; the longest"
+                     f" step so far took {seen.longest_step_s:.2f} s")  # fmt: skip
+    if silent := [rank for rank in ranks.values() if rank.silent()]:
+        here, by_host = socket.gethostname(), answered_by_host(ranks)
+        lines.append(f"Did not answer (seen from {here}):")
+        lines += [f"  {rank.where()}: {seen_of(rank, by_host, here)}" for rank in silent]
+    lines.append("")
     if stop:
         lines += [
             "Collectives in flight when the ranks were asked (torch's flight recorder, oldest first per group):",
@@ -207,25 +314,6 @@ def report_text(
         " answer-rank-R.json"
     )
     return "\n".join(lines) + "\n"
-
-
-def progress_lines(seen: Pace | None, stop: Stop | None) -> list[str]:
-    if stop is not None:
-        return [f"Progress: {stop.says}; {stop.because}; the collectives below are ordinary work"]
-    if seen is not None:
-        return [
-            f"Progress: last step {seen.step}, {seen.since_s:.1f} s before the ranks were asked; the longest step so"
-            f" far took {seen.longest_step_s:.2f} s"
-        ]
-    return []
-
-
-def silent_lines(ranks: dict[int, Rank]) -> list[str]:
-    silent = [rank for rank in ranks.values() if rank.silent()]
-    if not silent:
-        return []
-    here, answered = socket.gethostname(), answered_by_host(ranks)
-    return [f"Did not answer (seen from {here}):", *(f"  {r.where()}: {seen_of(r, answered, here)}" for r in silent)]
 
 
 def collective_lines(collectives: list[Collective], ranks: dict[int, Rank] | None = None) -> list[str]:
@@ -244,8 +332,7 @@ def collective_lines(collectives: list[Collective], ranks: dict[int, Rank] | Non
 def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int) -> list[str]:
     """The start, and the collectives that are evidence; `recent`: how many others were left out."""
     lines: list[str] = []
-    start = start_hang(ranks)
-    if start:
+    if start := start_hang(ranks):
         waiting, never = start
         lines.append("Start: not every rank joined torch.distributed (its rendezvous, init_process_group)")
         if waiting:
@@ -282,9 +369,7 @@ def frames_by_rank(ranks: dict[int, Rank]) -> list[str]:
 def collect(
     run_dir: Path, why: str, *, world_size: int, nodes: str, ranks_per_node: int, step: str | None, stalled: bool
 ) -> int:
-    """Ask every rank, write RUN_DIR/hang-report.txt, say three lines on stderr; 0. `nodes`: the job's hosts in rank
-    order, comma-separated; `step`: JOB.STEP of the ranks, or None for the pids they registered (--local);
-    `stalled`: the hang watch, not a stop, asks."""
+    """Ask every rank, write RUN_DIR/hang-report.txt, say three lines on stderr; 0. The arguments are main()'s."""
     hang = run_dir / "hang"
     hang.mkdir(parents=True, exist_ok=True)
     statuses = exit_statuses(run_dir, world_size)
@@ -295,7 +380,7 @@ def collect(
     with many_records():
         ranks = answers.gather(run_dir, world_size, host_of, before, ended)
         in_flight = collectives(ranks, world_size)
-        seen = pace(ranks, read_json(hang / "progress.json"), asked)
+        seen = pace(ranks, read_json(hang / PROGRESS_FILE), asked)
         stop, found = judge(ranks, in_flight, seen, read_watch(hang, asked), stalled)
         path = run_dir / "hang-report.txt"
         path.write_text(report_text(ranks, in_flight, why, run_dir, seen=seen, stop=stop, found=found))

@@ -1,16 +1,13 @@
-"""srun.sh's hang watch, a thread of the host supervisor (launcher/host/supervisor.py): while the ranks train, it
-reads rank 0's progress record (launcher/hang/progress.py) and, when no training step has completed for too long,
-writes why to RUN_DIR/hang/stalled.txt and calls back, upon which the supervisor collects the hang report
-(launcher/hang/report.py) before it stops the ranks.
+"""srun.sh's hang watch, a thread of the host supervisor (launcher/host/supervisor.py): it reads rank 0's step record
+(launcher/hang/progress.py) and, when no training step has completed for too long, writes why to
+RUN_DIR/hang/stalled.txt and calls back; the supervisor then collects the hang report before it stops the ranks.
 
-How long is too long: before the first step (start-up: imports, checkpoint loading, dataset indexes), 20 minutes;
-then SRUNSH_HANG_TIMEOUT_S seconds, by default 10 times the longest time between two records (evaluation and logging
-steps included), at least 5 minutes. A SRUNSH_HANG_TIMEOUT_S longer than 20 minutes applies to the start too (start-up
-legitimately takes longer than a step). A checkpoint save, and the time after training ended, do not count. Standard
-library only: it runs on the launching host.
-
-It keeps RUN_DIR/hang/watch.json ({"launched": time.time() of its start, "limit_s": its limit now}) for the hang
-report: a stop before a step time is known blames only what is older than the watch's limit.
+Too long: before the first step (imports, checkpoint loading, dataset indexes), 20 minutes; then SRUNSH_HANG_TIMEOUT_S,
+by default 10 times the longest time between two records (evaluation and logging steps included), at least 5 minutes.
+A longer SRUNSH_HANG_TIMEOUT_S applies to the start too (start-up legitimately takes longer than a step). A checkpoint
+save, and the time after training ended, do not count. It keeps RUN_DIR/hang/watch.json ({"launched": time.time() of
+its start, "limit_s": its limit now}) for the report: a stop before a step time is known blames only what is older
+than that limit. Standard library only: it runs on the launching host.
 """
 
 import threading
@@ -18,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.hang.progress import read_json, write_json
+from launcher.hang.progress import PROGRESS_FILE, read_json, write_json
 
 START_LIMIT_S = 1200.0
 FLOOR_S = 300.0
@@ -27,48 +24,37 @@ POLL_S = 1.0
 
 
 class StallClock:
-    """When the watch fires, from the progress records it observes (on this host's monotonic clock, so that clocks
-    of other hosts never matter)."""
+    """When the watch fires, from the step records it observes (on this host's monotonic clock, so that clocks of
+    other hosts never matter)."""
 
     def __init__(self, fixed_s: float | None, now: float) -> None:
         self.fixed_s = fixed_s
-        self.started = now
-        self.last_change: float | None = None
-        self.last: dict | None = None
+        self.last: dict | None = None  # the last record
+        self.last_change = now  # when it came, or the start
         self.longest_gap = 0.0
 
     def limit(self) -> float:
         if self.last is None or self.last.get("phase") == "restarting":  # an in-process restart starts up again
             return max(START_LIMIT_S, self.fixed_s or 0.0)
-        if self.fixed_s is not None:
-            return self.fixed_s
-        return max(FLOOR_S, FACTOR * self.longest_gap)
+        return self.fixed_s if self.fixed_s is not None else max(FLOOR_S, FACTOR * self.longest_gap)
 
     def observe(self, record: dict | None, now: float) -> str | None:
         """Why the ranks count as hung now, or None."""
         if record is not None and record != self.last:
-            if self.last_change is not None and self.last is not None and self.last.get("phase") == "training":
+            if self.last is not None and self.last.get("phase") == "training":
                 self.longest_gap = max(self.longest_gap, now - self.last_change)
             self.last, self.last_change = record, now
-        if self.last is not None and self.last.get("phase") in ("saving", "ended"):
+        since = now - self.last_change
+        if (self.last or {}).get("phase") in ("saving", "ended") or since <= self.limit():
             return None
-        since = now - (self.last_change if self.last_change is not None else self.started)
-        if since <= self.limit():
-            return None
-        return self.explain(since)
-
-    def explain(self, since: float) -> str:
         if self.last is None:
             limit = f"the limit before the first step, {self.limit():g} s"
-        elif self.fixed_s is not None:
+            return f"no training step completed in the {since:.0f} s since the launch ({limit})"
+        if self.fixed_s is not None:
             limit = f"SRUNSH_HANG_TIMEOUT_S={self.fixed_s:g}"
         else:
-            limit = (
-                f"the limit: {FACTOR:g} x the longest time between steps so far ({self.longest_gap:.0f} s),"
-                f" at least {FLOOR_S:g} s"
-            )
-        if self.last is None:
-            return f"no training step completed in the {since:.0f} s since the launch ({limit})"
+            gap = f"{self.longest_gap:.0f} s"
+            limit = f"the limit: {FACTOR:g} x the longest time between steps so far ({gap}), at least {FLOOR_S:g} s"
         return f"no training step completed for {since:.0f} s after step {self.last.get('step')} ({limit})"
 
 
@@ -87,8 +73,7 @@ def watch(run_dir: Path, fixed_s: float | None, on_stall: Callable[[str], None],
         if clock.limit() != written:
             written = clock.limit()
             write_limit(hang, launched, written)
-        why = clock.observe(read_json(hang / "progress.json"), time.monotonic())
-        if why is not None:
+        if (why := clock.observe(read_json(hang / PROGRESS_FILE), time.monotonic())) is not None:
             hang.mkdir(parents=True, exist_ok=True)
             (hang / "stalled.txt").write_text(why + "\n")
             on_stall(why)
