@@ -7,22 +7,19 @@ Every console line is timed as it arrives. The breakdown comes from lines both l
 A B, then B A; --warmup runs uncounted pairs first, since each launcher keeps kernel caches of its own (srun.sh's
 ranks in SRUNSH_COMPILE_CACHE, /var/tmp by default; torch's in /tmp). --cold-caches gives every launch empty Triton and
 TorchInductor caches instead, as a rank in a fresh container started with before SRUNSH_COMPILE_CACHE (and with it
-off): what compiling Megatron's fused kernels again costs each launch.
---imports runs every launch with PYTHONPROFILEIMPORTTIME=1 and says what each imported in each phase: where an import
-that waits in one launch is paid for later (its times then include importtime's own cost). Each result also says how
-many of the stack's modules have their bytecode cached: the image's all have (pip compiles them as it installs), and a
-host where they have not compiles them from source at every start, which costs ours less than upstream's, since ours
-imports fewer (`python -m compileall -q -j 0 SITE_PACKAGES` makes such a host's numbers the image's).
-Writes DIR/startup-CASE[-cold][-imports].{md,json} after every launch.
+off): what compiling Megatron's fused kernels again costs each launch. Each result also says how many of the stack's
+modules have their bytecode cached: the image's all have (pip compiles them as it installs), and a host where they
+have not compiles them from source at every start, which costs ours less than upstream's, since ours imports fewer
+(`python -m compileall -q -j 0 SITE_PACKAGES` makes such a host's numbers the image's).
+Writes DIR/startup-CASE[-cold].{md,json} after every launch.
 """
 
 import importlib.util
 import re
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
-from bench import bench_imports, launches, megatron_log, report
+from bench import launches, megatron_log, report
 
 # The first console line that marks each point, in the order they come. Megatron Bridge 0.6.2 prints them on rank 0
 # (training/initialize.py, training/setup.py: barrier_and_log), the iteration line on the last rank.
@@ -48,9 +45,6 @@ PHASES = (
     ("training loop set-up and the first step", "data built", "first step"),
     ("launch to first step", None, "first step"),
 )
-# --imports: the phases one after another (not the sub-phase or the total), each with the marker that ends it
-STRETCHES = (*((what, end) for what, _, end in PHASES[:-1] if not what.startswith(" ")), ("after the first step", None))
-LARGEST = 3  # packages named for each phase
 STACK = ("torch", "megatron", "transformer_engine", "transformers", "modelopt")  # their bytecode is counted
 LLAMA = "recipes/llama3_8b_h200_fp8cs_pretrain.py"
 TINY = "recipes/tiny_gpt_pretrain.py"
@@ -77,49 +71,6 @@ def phase_seconds(mark: dict[str, float | None]) -> dict[str, float | None]:
         begin = 0.0 if start is None else mark.get(start)
         seconds[what] = round(mark[end] - begin, 2) if mark.get(end) is not None and begin is not None else None
     return seconds
-
-
-def imports_by_phase(lines: list[tuple[float, str]]) -> dict[str, dict]:
-    """--imports: the modules importtime reports in each of STRETCHES (by line order: a marker's line starts the next
-    one), their count and importtime's own seconds, summed by bench_imports' groups."""
-    found = {what: {"modules": 0, "seconds": defaultdict(float)} for what, _ in STRETCHES}
-    stretch = 0
-    for _, text in lines:
-        end = STRETCHES[stretch][1]
-        if end is not None and MARKERS[end].search(text):
-            stretch += 1
-        elif module := bench_imports.IMPORTTIME.search(text):
-            phase = found[STRETCHES[stretch][0]]
-            phase["modules"] += 1
-            phase["seconds"][bench_imports.group(module[2])] += int(module[1]) / 1e6
-    return found
-
-
-def imports_mean(runs: list[dict], launch: str, what: str) -> tuple[float, float, dict[str, float]]:
-    """Modules, seconds and seconds by group in one phase: the mean over LAUNCH's counted runs."""
-    counted = [r["imports"][what] for r in runs if r["launch"] == launch and r["round"] is not None and r["imports"]]
-    groups: dict[str, float] = defaultdict(float)
-    for phase in counted:
-        for name, seconds in phase["seconds"].items():
-            groups[name] += seconds / len(counted)
-    modules = sum(phase["modules"] for phase in counted) / len(counted) if counted else 0.0
-    return modules, sum(groups.values()), groups
-
-
-def imports_table(runs: list[dict]) -> list[str]:
-    lines = ["What each launch imported in each phase (PYTHONPROFILEIMPORTTIME: modules, and importtime's own seconds,"]
-    lines += ["mean over the counted runs; importtime's cost is in every time above):", ""]
-    lines += report.table(("phase", "A modules", "A s", "B modules", "B s", "A's largest", "B's largest"))
-    for what, _ in STRETCHES:
-        cells: list[object] = [what]
-        largest = []
-        for launch in ("A", "B"):
-            modules, seconds, groups = imports_mean(runs, launch, what)
-            cells += [round(modules), round(seconds, 2)]
-            top = sorted(groups.items(), key=lambda item: -item[1])[:LARGEST]
-            largest.append(", ".join(f"{name} {spent:.2f}" for name, spent in top if spent >= 0.01) or "-")
-        lines.append(report.row([*cells, *largest]))
-    return lines
 
 
 def breakdown(runs: list[dict]) -> dict[str, dict[str, float | None]]:
@@ -192,8 +143,6 @@ def markdown(result: dict) -> str:
     for what, medians in result["breakdown"].items():
         a, b = medians["A"], medians["B"]
         lines.append(report.row([what, a, b, round(a - b, 2) if a is not None and b is not None else None]))
-    if result.get("imports"):
-        lines += ["", *imports_table(result["runs"])]
     lines += ["", *(f"- {launch}: `{' '.join(command)}`" for launch, command in result["commands"].items())]
     return "\n".join(lines) + "\n"
 
@@ -209,35 +158,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cold-caches", action="store_true", help="every launch starts with empty Triton and TorchInductor caches"
     )
-    parser.add_argument(
-        "--imports",
-        action="store_true",
-        help="every launch under PYTHONPROFILEIMPORTTIME=1: what each imported in each phase (slower launches)",
-    )
     args = parser.parse_args(argv)
     launches.stop_on_sigterm()
     recipe, overrides = case_command(args.case, args.gpus, args.layers)
     commands = {"A": launches.ours(recipe, *overrides), "B": launches.upstream(recipe, *overrides, gpus=args.gpus)}
     result = {**launches.result_header(args.case, args.gpus, commands), "goal": GOAL, "runs": []}
-    result["cold_caches"], result["imports"] = args.cold_caches, args.imports
+    result["cold_caches"] = args.cold_caches
     result["bytecode"] = bytecode_cached()
-    name = f"startup-{args.case}" + ("-cold" if args.cold_caches else "") + ("-imports" if args.imports else "")
+    name = f"startup-{args.case}" + ("-cold" if args.cold_caches else "")
     prefix, runs_dir = args.out / name, args.out / f"{name}-runs"
     order = [(None, launch) for _ in range(args.warmup) for launch in "AB"] + launches.ab_rounds(args.rounds)
     launches.fix_dataset_helpers()
     for index, (round_index, launch) in enumerate(order):
         run_dir = runs_dir / f"{index}-{launch}"
         env = {"SRUNSH_GPUS_PER_NODE": str(args.gpus)} | (cold_caches(run_dir) if args.cold_caches else {})
-        env |= {"PYTHONPROFILEIMPORTTIME": "1"} if args.imports else {}
         finished = launches.run(result["commands"][launch], run_dir, args.timeout, env)
         mark = marks(finished.lines)
         row = {"round": round_index, "launch": launch, "returncode": finished.returncode, "wall_s": finished.wall_s}
         row["left_behind"] = finished.left_behind
-        row["imports"] = imports_by_phase(finished.lines) if args.imports else {}
         result["runs"].append(row | {"marks": mark, "phases": phase_seconds(mark), "first_step_s": mark["first step"]})
         result["first_step_a_over_b"] = launches.per_round(result["runs"], "first_step_s")
         result["breakdown"] = breakdown(result["runs"])
-        print({k: v for k, v in result["runs"][-1].items() if k not in ("phases", "imports")}, flush=True)
+        print({k: v for k, v in result["runs"][-1].items() if k != "phases"}, flush=True)
         table = report.write(prefix, result, markdown)
     print(table)
 
