@@ -48,11 +48,9 @@ def ours(recipe: str, *overrides: str) -> list[str]:
     return [str(REPO / "srun.sh"), "--local", str(REPO / recipe), *overrides]
 
 
-def upstream(recipe: str, *overrides: str, gpus: int, port: int = 29500, plugin: bool = False) -> list[str]:
-    """B; with plugin=True, B plus our VizTracer plugin and nothing else of ours."""
-    script = [str(REPO / "bench" / "upstream_pretrain.py"), *(["--viztracer-plugin"] if plugin else [])]
+def upstream(recipe: str, *overrides: str, gpus: int, port: int = 29500) -> list[str]:
     run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", f"--master-port={port}"]
-    return [*run, *script, str(REPO / recipe), *overrides]
+    return [*run, str(REPO / "bench" / "upstream_pretrain.py"), str(REPO / recipe), *overrides]
 
 
 def ab_rounds(rounds: int) -> list[tuple[int, str]]:
