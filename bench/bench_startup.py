@@ -46,18 +46,16 @@ PHASES = (
     ("launch to first step", None, "first step"),
 )
 STACK = ("torch", "megatron", "transformer_engine", "transformers", "modelopt")  # their bytecode is counted
-LLAMA = "recipes/llama3_8b_h200_fp8cs_pretrain.py"
-TINY = "recipes/tiny_gpt_pretrain.py"
 STEPS = "train.train_iters=3"
 
 
 def case_command(case: str, gpus: int, layers: int | None) -> tuple[str, tuple[str, ...]]:
     """Recipe and overrides. The Llama 3 8B shape keeps 4 of its 32 layers on one GPU (all 32 do not fit there)."""
     if case == "tiny":
-        return TINY, (STEPS, *launches.MEASURED)
+        return launches.TINY, (STEPS, *launches.MEASURED)
     layers = layers or (4 if gpus == 1 else None)
     shape = (f"model.num_layers={layers}",) if layers else ()
-    return LLAMA, (STEPS, "train.global_batch_size=16", *shape, *launches.MEASURED)
+    return launches.LLAMA_FP8, (STEPS, "train.global_batch_size=16", *shape, *launches.MEASURED)
 
 
 def marks(lines: list[tuple[float, str]]) -> dict[str, float | None]:
