@@ -14,8 +14,7 @@ PER_NODE = 8
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """The simulated job: its size, where its faults are, and when the ranks were asked (time.time(), every
-    rank's clock)."""
+    """Its size, where its faults are, and when the ranks were asked (time.time(), every rank's clock)."""
 
     ranks: int
     missing: int
@@ -48,26 +47,17 @@ class Job:
 
     @property
     def slow_host(self) -> str:
-        return f"node{self.slow_node + 1:04d}" if self.link_fault else self.host(self.slow_gpu)
+        return self.host(self.slow_node * PER_NODE) if self.link_fault else self.host(self.slow_gpu)
 
 
 @dataclasses.dataclass(frozen=True)
 class Tree:
-    """Where a job's records lie."""
+    """Where a job's records lie: the run folder, and beside it what the ranks write only when asked."""
 
     root: Path
-
-    @property
-    def run_dir(self) -> Path:
-        return self.root / "run"
-
-    @property
-    def staged_answers(self) -> Path:
-        return self.root / "staged-answers"
-
-    @property
-    def staged_health(self) -> Path:
-        return self.root / "staged-health"
+    run_dir = property(lambda self: self.root / "run")
+    staged_answers = property(lambda self: self.root / "staged-answers")
+    staged_health = property(lambda self: self.root / "staged-health")
 
 
 def faults(ranks: int, seed: int) -> Job:
@@ -75,15 +65,7 @@ def faults(ranks: int, seed: int) -> Job:
     nodes where there are two."""
     rng = random.Random(seed)
     missing = rng.randrange(ranks)
-    others = [rank for rank in range(ranks) if rank // PER_NODE != missing // PER_NODE] or [
-        rank for rank in range(ranks) if rank != missing
-    ]
-    return Job(
-        ranks=ranks,
-        missing=missing,
-        silent=rng.choice(others),
-        failed=rng.randrange(ranks),
-        slow_node=rng.randrange(ranks // PER_NODE),
-        slow_gpu=rng.randrange(ranks),
-        asked=time.time(),
-    )
+    others = [rank for rank in range(ranks) if rank // PER_NODE != missing // PER_NODE]
+    silent = rng.choice(others or [rank for rank in range(ranks) if rank != missing])
+    failed, slow_node, slow_gpu = rng.randrange(ranks), rng.randrange(ranks // PER_NODE), rng.randrange(ranks)
+    return Job(ranks, missing, silent, failed, slow_node, slow_gpu, asked=time.time())

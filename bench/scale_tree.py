@@ -1,22 +1,17 @@
 """The run folder (RUN_DIR) that a job of N ranks leaves for the launching host, written by the code that writes it in
-a real run: the hang report's records (launcher/hang/progress.py's write_json and replace_file, the watch's
-write_limit, faulthandler's stacks, torch-shaped NCCL flight recorder records), the health check's records
-(launcher/health/check.py's Record, its pair rounds and retest plan), srun's notes through launcher/host/notes.py,
-and each rank's log and status in the format launcher/rank/rank.sh writes them (bash there: written here in Python).
+a real run: the hang report's records (launcher/hang's write_json, write_limit and flight recorder files, faulthandler's
+stacks, torch-shaped NCCL flight recorder records), the health check's (bench/scale_health.py), srun's notes through
+launcher/host/notes.py, and each rank's log and status as launcher/rank/rank.sh writes them.
 
-The job: N ranks, 8 a node on nodes node0001, node0002, ...; tensor parallel within a node, data parallel across
-nodes, 2,000 flight recorder entries a rank (TORCH_FR_BUFFER_SIZE), 10,000 log lines a rank. Its faults (Job.faults):
-- `missing`: the one rank not in the all-reduce that every other rank waits in (it waits for an async checkpoint);
-- `silent`: a rank that registered and never answered the hang report;
-- `failed`: the rank that failed first; every other rank was then stopped (SIGTERM, status 143);
-- `slow_node`: a node whose network is capped (its pairs measure 40 GB/s against 95), or on fewer than 3 nodes (no
-  retests there) `slow_gpu`, a rank whose matmul is 23% below the others'.
+The job: tensor parallel within a node, data parallel across nodes, 2,000 flight recorder entries and 10,000 log lines
+a rank. Its faults (scale_job.faults): `missing`, the one rank not in the all-reduce every other rank waits in (it
+waits for an async checkpoint); `silent`, a rank that registered and never answered the hang report; `failed`, the
+rank that failed first, every other then stopped (SIGTERM, status 143); `slow_node`, a node whose pairs measure 40
+GB/s against 95, or on fewer than 3 nodes (no retests there) `slow_gpu`, a rank whose matmul is 23% below the others'.
 
-What the ranks write only when asked is staged beside RUN_DIR and moved into place by the stand-ins of
-bench/scale_host.py, as the ranks would write it then: the hang answers when the report signals the step, the health
-records when the check's launch runs. The stopped ranks' logs are hard links of one file (the failure report reads
-the first failed rank's log only); every other file is a file of its own. RUN_DIR also holds an earlier hang
-report's answers and records, as a batch job requeued after one keeps its run folder: the report forgets them first.
+What the ranks write only when asked is staged beside RUN_DIR, and bench/scale_host.py's stand-ins move it into place
+when the ranks would write it. The stopped ranks' logs are hard links of one file (the failure report reads the first
+failed rank's only). RUN_DIR also holds an earlier hang report's records, as a requeued batch job keeps them.
 """
 
 from __future__ import annotations
@@ -147,15 +142,11 @@ def groups_of(job: Job, rank: int) -> list[tuple[str, str, int, list[int]]]:
     them: the default group "0", then in the order every rank creates them (Megatron's parallel_state), data parallel,
     tensor parallel, pipeline parallel (of one rank: pipeline parallel size 1)."""
     node, local = divmod(rank, PER_NODE)
+    first = node * PER_NODE
     return [
         ("0", "default_pg", 0, list(range(job.ranks))),
         (str(1 + local), "DATA_PARALLEL_GROUP", 1, list(range(local, job.ranks, PER_NODE))),
-        (
-            str(1 + PER_NODE + node),
-            "TENSOR_MODEL_PARALLEL_GROUP",
-            2,
-            list(range(node * PER_NODE, (node + 1) * PER_NODE)),
-        ),
+        (str(1 + PER_NODE + node), "TENSOR_MODEL_PARALLEL_GROUP", 2, list(range(first, first + PER_NODE))),
         (str(1 + PER_NODE + job.nodes + rank), "PIPELINE_MODEL_PARALLEL_GROUP", 3, [rank]),
     ]
 
@@ -184,16 +175,12 @@ def flight_entries(job: Job, rank: int) -> tuple[list[dict], dict[int, int]]:
         created = job.asked - STALLED_S - (len(ops) - 1 - index) * STEP_S / len(STEP_OPS)
         waiting = rank != job.missing and index == len(ops) - 1
         record_id = (first - 1) * len(STEP_OPS) + index
-        entries.append(
-            flight_entry(groups[group], record_id, seq[group], (name, elements), created=created, open_=waiting)
-        )
+        entry = flight_entry(groups[group], record_id, seq[group], (name, elements), created=created, open_=waiting)
+        entries.append(entry)
     return entries, seq
 
 
-def flight_entry(
-    group: tuple[str, str, int, list[int]], record_id: int, seq: int, op: tuple[str, int], *, created: float,
-    open_: bool
-) -> dict:  # fmt: skip
+def flight_entry(group: tuple, record_id: int, seq: int, op: tuple[str, int], *, created: float, open_: bool) -> dict:
     """One entry as torch's NCCL flight recorder keeps it (TORCH_NCCL_ENABLE_TIMING=1: started and completed times);
     `open_`: started on the GPU, not completed."""
     created_ns = int(created * 1e9)
@@ -220,7 +207,7 @@ def flight_record(job: Job, rank: int) -> bytes:
         last = enqueued[index] or -1
         completed = last - 1 if index == 0 and rank != job.missing else last  # the all-reduce it waits in
         status[str(pg_id)] = {"last_enqueued_collective": last, "last_started_collective": last}
-        status[str(pg_id)]["last_completed_collective"] = completed
+        status[str(pg_id)] |= {"last_completed_collective": completed}
     config = {name: {"name": name, "desc": desc, "ranks": json.dumps(members)} for name, desc, _, members in groups}
     dump = {"version": "2.10", "pg_config": config, "pg_status": status, "comm_lib_version": "2.28.9"}
     return pickle.dumps(dump | {"entries": entries})
