@@ -1,16 +1,7 @@
-"""Start-up time: seconds from the launch command to the first logged training step, for our launch (A: srun.sh
---local) and the upstream launch (B: torchrun + bench/upstream_pretrain.py) on the same recipe and overrides, and where
-those seconds go. Goal (issue 48): A's time to the first step at most 0.80x B's (the median over the rounds), and
-below 0.90x in every round.
-
-Every console line is timed as it arrives. The breakdown comes from lines both launches print (MARKERS). Rounds run
-A B, then B A; --warmup runs uncounted pairs first, since each launcher keeps kernel caches of its own (srun.sh's
-ranks in SRUNSH_COMPILE_CACHE, /var/tmp by default; torch's in /tmp). --cold-caches gives every launch empty Triton and
-TorchInductor caches instead, as a rank in a fresh container started with before SRUNSH_COMPILE_CACHE (and with it
-off): what compiling Megatron's fused kernels again costs each launch. Each result also says how many of the stack's
-modules have their bytecode cached: the image's all have (pip compiles them as it installs), and a host where they
-have not compiles them from source at every start, which costs ours less than upstream's, since ours imports fewer
-(`python -m compileall -q -j 0 SITE_PACKAGES` makes such a host's numbers the image's).
+"""Start-up A/B: seconds from the launch command to the first logged training step, and to each point before it (lines
+both launches print: MARKERS), for our launch (A: srun.sh --local) and the upstream one (B: torchrun running
+bench/upstream_pretrain.py) on the same recipe and overrides; rounds A B, then B A, after --warmup uncounted pairs.
+bench/README.md says what the arms differ in, what --cold-caches and the bytecode count are for, and issue 48's goal.
 Writes DIR/startup-CASE[-cold].{md,json} after every launch.
 """
 

@@ -1,19 +1,9 @@
 """Per-step A/B that holds on a drifting machine: the arms of a plan (launches of a recipe, each with one change) take
-turns on the same GPUs, a few steps each, round after round (bench/turns.py), and every ratio comes with its spread
-over the rounds. Run it from the checkout, on a GPU host with the stack.
-
-Plans: "ours" is our launch (srun.sh --local) of the plan's recipe; "upstream" the same recipe and overrides launched
-the upstream way (torchrun bench/upstream_pretrain.py); "seed" repeats ours with another seed: the run-to-run noise of
-step time and of the loss curve. Each block's first arm is the reference of the others.
-
-What a turn measured: a step belongs to the turn in which it was logged (bench/turns.py's record of when each turn
-began and ended, against the wall times of the steps in TensorBoard). The first step of a turn is left out (it was in
-flight when the arm was paused, so its time holds the pause), and --settle more, while caches refill.
-
---dry-run prints the arms and blocks and checks every arm's config with entrypoint.py --check; nothing starts. A
-real run runs the plan (with --budget-s, no block or round starts past it), stops every arm, and writes
-DIR/turns-PLAN.json (the record and the analysis) and DIR/turns-PLAN.md (the tables); the arms run in --runs-dir
-(default DIR/turns-PLAN-runs).
+turns on the same GPUs, a few steps each, round after round (bench/turns.py), and every ratio of an arm's throughput to
+its block's reference's comes with its spread over the rounds. A step counts in the turn in which it was logged (by
+the wall times TensorBoard keeps), less the first of the turn (it holds the pause) and --settle more. bench/README.md
+says more. --dry-run prints the plan and checks every arm's config with entrypoint.py --check; nothing starts. A run
+writes DIR/turns-PLAN.json (the record and the analysis) and DIR/turns-PLAN.md; the arms run in --runs-dir.
 """
 
 import argparse
