@@ -10,7 +10,7 @@ import re
 import statistics
 from pathlib import Path
 
-from bench import launches, megatron_log, report
+from bench import launches, report
 
 # The first console line that marks each point, in the order they come. Megatron Bridge 0.6.2 prints them on rank 0
 # (training/initialize.py, training/setup.py: barrier_and_log), the iteration line on the last rank.
@@ -22,7 +22,7 @@ MARKERS = {
     "megatron initialized": re.compile(r"\[after megatron is initialized\]"),
     "model built": re.compile(r"\[after model, optimizer, and learning rate scheduler are built\]"),
     "data built": re.compile(r"\[after dataloaders are built\]"),
-    "first step": megatron_log.ITERATION,
+    "first step": launches.ITERATION,
 }
 GOAL = {"median": 0.8, "every round": 0.9}  # A/B time to first step
 # Where the seconds go: (what, from marker, to marker); None is the launch command's start.

@@ -8,6 +8,7 @@ import contextlib
 import math
 import os
 import queue
+import re
 import signal
 import statistics
 import subprocess
@@ -43,6 +44,9 @@ STEP_TIME_S = "iteration-time"
 TFLOPS_PER_GPU = "throughput/tflops/device"
 PEAK_ALLOCATED_GB = "memory/mem-max-allocated-gigabytes"
 PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine")  # in every result
+# Megatron Bridge's console line for each logged step (on its last rank): "[YYYY-MM-DD HH:MM:SS] iteration N/ M | ...
+# elapsed time per iteration (ms): T | ...".
+ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
 
 
 def ours(recipe: str, *overrides: str) -> list[str]:

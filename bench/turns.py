@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import launches, megatron_log
+from bench import launches
 
 POLL_S = 0.02  # how long a pass waits for a line: the most an arm runs on after its stopping point was printed
 
@@ -53,7 +53,7 @@ class Live:
 
     def take(self, line: str) -> bool:
         """Note what a console line says; True when it is a logged step."""
-        if match := megatron_log.ITERATION.search(line):
+        if match := launches.ITERATION.search(line):
             self.last_step = int(match.group(1))
             self.steps_in_turn += 1
             return True
