@@ -1,21 +1,12 @@
 """What the launching host does for a job of N ranks (8 a node), timed on the run folder such a job leaves: no GPU,
 no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, with the writers a real run uses; then
-each host step runs on them as one process, with its seconds, CPU seconds and peak memory (its own and its children's,
-wait4's):
-
-- health report: launcher/health/report.py, its check's launch a stand-in that moves the ranks' records into place;
-- hang report: launcher/hang/report.py --stalled; a stand-in scancel hands over the ranks' answers (stacks, flight
-  recorder records of 2,000 entries), and one rank never answers;
-- first-failure report: the supervisor's, on every rank's status and the first failed rank's 10,000-line log;
-- dry run, launch plan written: ./srun.sh [--dry-run] in an allocation of N/8 nodes (SLURM_JOB_NODELIST=node[...]),
-  srun a stand-in that ends at once;
-- launch plan read: launch-plan.json back into a LaunchPlan.
-What a step waits for that is not its own work (the health check's launch, the ranks' answers) is left out.
-
-Each fault must be named right, as the tests assert it, or the run exits 1: the rank missing from the all-reduce all
-others wait in and the rank that never answered (hang report), the rank that failed first (first-failure report), the
-capped node (health report; on fewer than 3 nodes a slow GPU). The growth exponent between sizes, log(t2/t1) /
-log(N2/N1), is given for the seconds and for the CPU seconds, which other work on the machine does not change.
+each host step (STEPS) runs on them as one process, with its seconds, CPU seconds and peak memory (its own and its
+children's), less what it waits for that is not its work (the health check's launch, the ranks' answers): the health
+and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers), the
+first-failure report, ./srun.sh --dry-run and ./srun.sh in an allocation of N/8 nodes (srun a stand-in), and its
+launch plan read back. Each fault must be named right, as the tests assert it, or the run exits 1. The growth exponent
+between sizes, log(t2/t1) / log(N2/N1), is given for the seconds and for the CPU seconds, which other work on the
+machine does not change.
 
 The tree of 16,384 ranks takes about 8 GB of disk, 4,096 ranks about 2 GB; each is removed once measured (--keep keeps
 them). The host steps run under `python3 -S` (the standard library only, as on a launching host: where torch is
