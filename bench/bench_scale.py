@@ -3,8 +3,8 @@ no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, wi
 each host step (STEPS) runs on them as one process, with its seconds, CPU seconds and peak memory (its own and its
 children's), less what it waits for that is not its work (the health check's launch, the ranks' answers): the health
 and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers), the
-first-failure report, ./srun.sh --dry-run and ./srun.sh in an allocation of N/8 nodes (srun a stand-in), and its
-launch plan read back. Each fault must be named right, as the tests assert it, or the run exits 1. The growth exponent
+first-failure report, ./srun.sh --dry-run and ./srun.sh in an allocation of N/8 nodes (srun a stand-in, the launch
+plan checked). Each fault must be named right, as the tests assert it, or the run exits 1. The growth exponent
 between sizes, log(t2/t1) / log(N2/N1), is given for the seconds and for the CPU seconds, which other work on the
 machine does not change.
 
@@ -213,18 +213,12 @@ def launch_plan_written(world: World) -> tuple[Ran, str]:
     return ran, expect(ran.status, 0, "exit status") + expect(hosts, world.job.hosts, "the plan's hosts")
 
 
-def launch_plan_read(world: World) -> tuple[Ran, str]:
-    ran = world.run(*HOST, "read-plan", str(plan_path(world)))
-    return ran, expect(ran.stdout, f"{world.job.nodes} node(s) x {PER_NODE} rank(s)\n", "plan")
-
-
 STEPS: dict[str, Callable[[World], tuple[Ran, str]]] = {
     "health report": health_report,
     "hang report": hang_report,
     "first-failure report": first_failure_report,
     "dry run": dry_run,
     "launch plan written": launch_plan_written,
-    "launch plan read": launch_plan_read,
 }
 
 

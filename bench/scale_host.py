@@ -8,7 +8,6 @@ STEP ...`: the standard library only, as the host needs), and the stand-ins for 
                                       wait for an answer
     health-report -- ARGS             launcher/health/report.py ARGS
     first-failure RUN_DIR             the supervisor's first-failure report (launcher/host/first_failure.py)
-    read-plan PATH                    the launch plan, read back as a LaunchPlan
     answer STAGED HANG                the stand-in scancel: each rank's answer, as bench/scale_tree.py staged it
     health-launch STAGED HEALTH S     the health check's launch: the ranks' records into place, its end S s later
 
@@ -30,7 +29,6 @@ from typing import Any
 
 if not __package__:  # run as a script: the repository, one folder up, holds the launcher
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from launcher.host.plan import LaunchPlan
 
 
 def timed(function: Callable, spent: list[float]) -> Callable:
@@ -82,12 +80,6 @@ def first_failure(run_dir: str) -> int:
     return 0 if first is None else first
 
 
-def read_plan(path: str) -> int:
-    plan = LaunchPlan(**json.loads(Path(path).read_text()))
-    print(f"{len(plan.hosts)} node(s) x {plan.ranks_per_node} rank(s)")
-    return 0
-
-
 def measure(out: str, limit: str, _: str, *command: str) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))  # this process's, and so the command's
     started = time.monotonic()
@@ -130,7 +122,6 @@ STEPS: dict[str, Callable[..., int]] = {
     "hang-report": hang_report,
     "health-report": health_report,
     "first-failure": first_failure,
-    "read-plan": read_plan,
     "answer": answer,
     "health-launch": health_launch,
 }
