@@ -2,8 +2,8 @@
 no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, with the writers a real run uses; then
 each host step (STEPS) runs on them as one process, with its seconds, CPU seconds and peak memory (its own and its
 children's), less what it waits for that is not its work (the health check's launch, the ranks' answers): the health
-and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers), the
-first-failure report, ./srun.sh --dry-run and ./srun.sh in an allocation of N/8 nodes (srun a stand-in, the launch
+and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers),
+./srun.sh --dry-run and ./srun.sh in an allocation of N/8 nodes (srun a stand-in, the launch
 plan checked). Each fault must be named right, as the tests assert it, or the run exits 1. The growth exponent
 between sizes, log(t2/t1) / log(N2/N1), is given for the seconds and for the CPU seconds, which other work on the
 machine does not change.
@@ -35,13 +35,12 @@ from pathlib import Path
 from bench import report, scale_tree
 from bench.scale_job import PER_NODE, Job, Tree, faults
 from launcher.hang.collectives import ranges
-from launcher.host.first_failure import LINES_SHOWN
 from launcher.host.preflight import knob_names
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = (8, 64, 512, 4_096, 16_384)
 # Issue 47's limits: seconds at 4,096 ranks.
-LIMITS_S = {"health report": 5.0, "hang report": 15.0, "first-failure report": 3.0, "dry run": 2.0}
+LIMITS_S = {"health report": 5.0, "hang report": 15.0, "dry run": 2.0}
 LIMIT_AT = 4_096
 HOST = [sys.executable, "-S", str(REPO / "bench" / "scale_host.py")]
 RECIPE = REPO / "recipes" / "llama3_8b_pretrain.py"
@@ -184,16 +183,6 @@ def hang_report(world: World) -> tuple[Ran, str]:
     return ran, problems + expect(found, [outside[rank] for rank in sorted(outside)])
 
 
-def first_failure_report(world: World) -> tuple[Ran, str]:
-    job, run_dir = world.job, world.tree.run_dir
-    scale_tree.write_statuses(run_dir, job)
-    ran = world.run(*HOST, "first-failure", str(run_dir))
-    log = run_dir / "logs" / f"rank-{job.failed}.log"
-    head = f"srun.sh: rank {job.failed} on {job.host(job.failed)} failed first, with exit status 1; the end of {log}:"
-    tail = [f"    {line}" for line in read(log).splitlines()[-LINES_SHOWN:]]
-    return ran, expect(ran.status, 1, "exit status") + expect(ran.stderr.splitlines(), [head, *tail], "console")
-
-
 def dry_run(world: World) -> tuple[Ran, str]:
     ran = world.run(str(REPO / "srun.sh"), "--dry-run", str(RECIPE), "train.train_iters=1000", slurm=True)
     srun = [line for line in ran.stdout.splitlines() if line.startswith("srun ")]
@@ -216,7 +205,6 @@ def launch_plan_written(world: World) -> tuple[Ran, str]:
 STEPS: dict[str, Callable[[World], tuple[Ran, str]]] = {
     "health report": health_report,
     "hang report": hang_report,
-    "first-failure report": first_failure_report,
     "dry run": dry_run,
     "launch plan written": launch_plan_written,
 }

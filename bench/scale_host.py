@@ -7,7 +7,6 @@ STEP ...`: the standard library only, as the host needs), and the stand-ins for 
     hang-report WAIT_S -- ARGS        launcher/hang/report.py ARGS as the supervisor starts it; WAIT_S is the longest
                                       wait for an answer
     health-report -- ARGS             launcher/health/report.py ARGS
-    first-failure RUN_DIR             the supervisor's first-failure report (launcher/host/first_failure.py)
     answer STAGED HANG                the stand-in scancel: each rank's answer, as bench/scale_tree.py staged it
     health-launch STAGED HEALTH S     the health check's launch: the ranks' records into place, its end S s later
 
@@ -73,13 +72,6 @@ def health_report(_: str, *args: str) -> int:
         return report.main()
 
 
-def first_failure(run_dir: str) -> int:
-    from launcher.host.first_failure import report
-
-    first = report(Path(run_dir), 1, False)
-    return 0 if first is None else first
-
-
 def measure(out: str, limit: str, _: str, *command: str) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))  # this process's, and so the command's
     started = time.monotonic()
@@ -121,7 +113,6 @@ STEPS: dict[str, Callable[..., int]] = {
     "measure": measure,
     "hang-report": hang_report,
     "health-report": health_report,
-    "first-failure": first_failure,
     "answer": answer,
     "health-launch": health_launch,
 }

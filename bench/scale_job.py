@@ -19,7 +19,6 @@ class Job:
     ranks: int
     missing: int
     silent: int
-    failed: int
     slow_node: int
     slow_gpu: int
     asked: float
@@ -67,5 +66,6 @@ def faults(ranks: int, seed: int) -> Job:
     missing = rng.randrange(ranks)
     others = [rank for rank in range(ranks) if rank // PER_NODE != missing // PER_NODE]
     silent = rng.choice(others or [rank for rank in range(ranks) if rank != missing])
-    failed, slow_node, slow_gpu = rng.randrange(ranks), rng.randrange(ranks // PER_NODE), rng.randrange(ranks)
-    return Job(ranks, missing, silent, failed, slow_node, slow_gpu, asked=time.time())
+    rng.randrange(ranks)  # once the first failed rank: drawn still, so that a seed places the others as it did
+    slow_node, slow_gpu = rng.randrange(ranks // PER_NODE), rng.randrange(ranks)
+    return Job(ranks, missing, silent, slow_node, slow_gpu, asked=time.time())

@@ -1,28 +1,23 @@
 """The run folder (RUN_DIR) that a job of N ranks leaves for the launching host, written by the code that writes it in
 a real run: the hang report's records (launcher/hang's write_json, write_limit and flight recorder files, faulthandler's
-stacks, torch-shaped NCCL flight recorder records), the health check's (bench/scale_health.py), srun's notes through
-launcher/host/notes.py, and each rank's log and status as launcher/rank/rank.sh writes them.
+stacks, torch-shaped NCCL flight recorder records) and the health check's (bench/scale_health.py).
 
-The job: tensor parallel within a node, data parallel across nodes, 2,000 flight recorder entries and 10,000 log lines
-a rank. Its faults (scale_job.faults): `missing`, the one rank not in the all-reduce every other rank waits in (it
-waits for an async checkpoint); `silent`, a rank that registered and never answered the hang report; `failed`, the
-rank that failed first, every other then stopped (SIGTERM, status 143); `slow_node`, a node whose pairs measure 40
-GB/s against 95, or on fewer than 3 nodes (no retests there) `slow_gpu`, a rank whose matmul is 23% below the others'.
-
-What the ranks write only when asked is staged beside RUN_DIR, and bench/scale_host.py's stand-ins move it into place
-when the ranks would write it. The stopped ranks' logs are hard links of one file (the failure report reads the first
-failed rank's only). RUN_DIR also holds an earlier hang report's records, as a requeued batch job keeps them.
+The job: tensor parallel within a node, data parallel across nodes, 2,000 flight recorder entries a rank. Its faults
+(scale_job.faults): `missing`, the one rank not in the all-reduce every other rank waits in (it waits for an async
+checkpoint); `silent`, a rank that registered and never answered the hang report; `slow_node`, a node whose pairs
+measure 40 GB/s against 95, or on fewer than 3 nodes (no retests there) `slow_gpu`, a rank whose matmul is 23% below
+the others'. What the ranks write only when asked is staged beside RUN_DIR, and bench/scale_host.py's stand-ins move
+it into place when the ranks would write it. RUN_DIR also holds an earlier hang report's records, as a requeued batch
+job keeps them.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Iterator
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -31,9 +26,7 @@ from bench.scale_job import PER_NODE, Job, Tree
 from launcher import run_files
 from launcher.hang import dumps, progress
 from launcher.hang.watch import StallClock, write_limit
-from launcher.host.notes import pass_on
 
-LOG_LINES = 10_000
 FR_ENTRIES = 2_000  # launcher/hang/dumps.py's TORCH_FR_BUFFER_SIZE
 LAST_STEP = 1_200
 STEP_S = 2.05
@@ -234,79 +227,6 @@ def write_hang_rank(tree: Tree, job: Job, rank: int, *, ident: int, stacks: dict
     progress.write_json(staged / f"answer-rank-{rank}.json", answer(job, rank) | fields)
 
 
-# ---- logs and statuses ------------------------------------------------------------------------------------------
-def log_lines(job: Job, rank: int) -> Iterator[str]:
-    """LOG_LINES lines of a rank's log: its start, then every step as Megatron Bridge logs it; the failed rank's ends
-    in its traceback."""
-    yield f"entrypoint.py: outputs in {CODE}/outputs/llama3_8b_pretrain/{JOB_ID}-20261202-100000"
-    yield "> initializing torch distributed ..."
-    tail = traceback_lines(rank) if rank == job.failed else []
-    count = LOG_LINES - 2 - len(tail)
-    for index in range(count):
-        step = index * LAST_STEP // count + 1
-        if index % 8:
-            yield f"[Rank {rank}] (after {step} iterations) memory (GB) | mem-allocated-gigabytes: 61.2 |"
-        else:
-            yield (
-                f" [2026-12-02 10:{step // 60 % 60:02d}:{step % 60:02d}] iteration {step:>8}/   10000 | consumed"
-                f" samples: {step * 256:>12} | elapsed time per iteration (ms): {STEP_S * 1000:.1f} | learning rate:"
-                " 2.999000E-04 | global batch size:   256 | lm loss: 2.481934E+00 | loss scale: 1.0 |"
-            )
-    yield from tail
-
-
-def traceback_lines(rank: int) -> list[str]:
-    return [
-        "Traceback (most recent call last):",
-        f'  File "{CODE}/entrypoint.py", line 480, in <module>',
-        "    main()",
-        f'  File "{MEGATRON}/bridge/training/train.py", line 640, in train_step',
-        "    losses_reduced = forward_backward_func(",
-        f'  File "{TORCH}/cuda/memory.py", line 212, in caching_allocator_alloc',
-        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank % PER_NODE} has a total"
-        " capacity of 139.81 GiB of which 1.06 GiB is free.",
-    ]
-
-
-def write_logs(run_dir: Path, job: Job) -> None:
-    """Every rank's log (the stopped ranks': links to one file), and what srun said (through notes.pass_on, as the
-    supervisor writes launcher.log)."""
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    stopped = 1 if job.failed == 0 else 0
-    write_log(logs / f"rank-{stopped}.log", log_lines(job, stopped))
-    write_log(logs / f"rank-{job.failed}.log", log_lines(job, job.failed))
-    for rank in range(job.ranks):
-        if rank not in (stopped, job.failed):
-            os.link(logs / f"rank-{stopped}.log", logs / f"rank-{rank}.log")
-    with open(run_dir / run_files.LAUNCHER_LOG, "ab") as log:
-        pass_on(io.BytesIO("".join(srun_lines(job)).encode()), io.BytesIO(), log, local=False)
-
-
-def write_log(path: Path, lines: Iterator[str]) -> None:
-    path.write_text("".join(f"{line}\n" for line in lines))
-
-
-def srun_lines(job: Job) -> Iterator[str]:
-    """What srun and slurmstepd print when a task fails under --kill-on-bad-exit=1."""
-    yield f"srun: error: {job.host(job.failed)}: task {job.failed}: Exited with exit code 1\n"
-    yield "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
-    for host in job.hosts:
-        yield f"slurmstepd: error: *** STEP {STEP} ON {host} CANCELLED AT 2026-12-02T10:41:05 ***\n"
-    for index, host in enumerate(job.hosts):
-        yield f"srun: error: {host}: tasks {index * PER_NODE}-{index * PER_NODE + PER_NODE - 1}: Terminated\n"
-    yield f"srun: Force Terminated StepId={STEP}\n"
-
-
-def write_statuses(run_dir: Path, job: Job) -> None:
-    """Each rank's end as rank.sh's record_rank_status writes it, "STATUS EPOCH_SECONDS HOST": the failed rank
-    first, the others stopped by SIGTERM after it."""
-    ended = job.asked + 60.0
-    for rank in range(job.ranks):
-        status, when = (1, ended) if rank == job.failed else (143, ended + 1.5 + rank % 97 / 100)
-        (run_dir / "logs" / f"rank-{rank}.status").write_text(f"{status} {when:.9f} {job.host(rank)}\n")
-
-
 # ---- the whole tree ---------------------------------------------------------------------------------------------
 def chunks(job: Job, parts: int) -> list[range]:
     size = -(-job.ranks // parts)
@@ -322,7 +242,7 @@ def write_ranks(arguments: tuple[Tree, Job, range, int, dict[str, bytes], list])
 
 
 def build(tree: Tree, job: Job) -> None:
-    """Every record of the job but the statuses (write_statuses: the ranks end after the hang report)."""
+    """Every record of the job."""
     for folder in (tree.run_dir / run_files.HANG / "fr", tree.staged_answers / "fr", tree.staged_health):
         folder.mkdir(parents=True, exist_ok=True)
     write_progress(tree.run_dir, job)
@@ -332,4 +252,3 @@ def build(tree: Tree, job: Job) -> None:
     with Pool(os.cpu_count()) as pool:
         for _ in pool.imap_unordered(write_ranks, work):
             pass
-    write_logs(tree.run_dir, job)
