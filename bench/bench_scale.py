@@ -30,10 +30,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from multiprocessing import Pool
 from pathlib import Path
 
 from bench import report, scale_tree
-from bench.scale_job import PER_NODE, Job, Tree, faults
+from bench.scale_health import health_plan, write_health_rank
+from bench.scale_tree import PER_NODE, Job, Tree, faults
+from launcher import run_files
 from launcher.hang.collectives import ranges
 from launcher.host.preflight import knob_names
 
@@ -236,6 +239,30 @@ def disk_bytes(root: Path) -> int:
     )
 
 
+def write_ranks(arguments: tuple[Tree, Job, range, int, dict[str, bytes], list]) -> None:
+    """One worker's share of the ranks: their hang records and their health records."""
+    tree, job, ranks, ident, stacks, plan = arguments
+    for rank in ranks:
+        scale_tree.write_hang_rank(tree, job, rank, ident=ident, stacks=stacks)
+        write_health_rank(tree.staged_health, job, rank, plan)
+
+
+def build(tree: Tree, job: Job) -> None:
+    """Every record of the job, the ranks shared among as many processes as there are CPUs."""
+    for folder in (tree.run_dir / run_files.HANG / "fr", tree.staged_answers / "fr", tree.staged_health):
+        folder.mkdir(parents=True, exist_ok=True)
+    scale_tree.write_progress(tree.run_dir, job)
+    ident, stacks = scale_tree.stack_texts(tree.root)
+    plan, size = health_plan(job), -(-job.ranks // (4 * (os.cpu_count() or 1)))
+    work = [
+        (tree, job, range(start, min(start + size, job.ranks)), ident, stacks, plan)
+        for start in range(0, job.ranks, size)
+    ]
+    with Pool(os.cpu_count()) as pool:
+        for _ in pool.imap_unordered(write_ranks, work):
+            pass
+
+
 def measure(job: Job, args: argparse.Namespace) -> dict:
     """Build JOB's tree, run every step on it; the numbers and the verdicts."""
     ranks = job.ranks
@@ -244,7 +271,7 @@ def measure(job: Job, args: argparse.Namespace) -> dict:
     try:
         started = time.monotonic()
         write_stand_ins(world)
-        scale_tree.build(world.tree, job)
+        build(world.tree, job)
         result = {"ranks": ranks, "nodes": job.nodes, "build_s": round(time.monotonic() - started, 1)}
         result |= {"disk_mb": round(disk_bytes(root) / 2**20), "faults": dataclasses.asdict(job), "steps": {}}
         for name, step in STEPS.items():

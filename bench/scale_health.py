@@ -1,4 +1,4 @@
-"""The health check's records of the simulated job (bench/scale_job.py), written by launcher/health/check.py's Record
+"""The health check's records of the simulated job (bench/scale_tree.py), written by launcher/health/check.py's Record
 with every result a rank's Check.run records: the GPU figures, the node, pair, retest and job-wide collectives, with 1%
 noise, and every pair of the slow node capped (on fewer than 3 nodes, one slow GPU instead)."""
 
@@ -10,7 +10,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.scale_job import PER_NODE, Job
+from bench.scale_tree import PER_NODE, Job
 from launcher.health import check
 
 GPU_FIGURES = {"matmul": 780.0, "hbm": 4.3}

@@ -2,30 +2,92 @@
 a real run: the hang report's records (launcher/hang's write_json, write_limit and flight recorder files, faulthandler's
 stacks, torch-shaped NCCL flight recorder records) and the health check's (bench/scale_health.py).
 
-The job: tensor parallel within a node, data parallel across nodes, 2,000 flight recorder entries a rank. Its faults
-(scale_job.faults): `missing`, the one rank not in the all-reduce every other rank waits in (it waits for an async
-checkpoint); `silent`, a rank that registered and never answered the hang report; `slow_node`, a node whose pairs
-measure 40 GB/s against 95, or on fewer than 3 nodes (no retests there) `slow_gpu`, a rank whose matmul is 23% below
-the others'. What the ranks write only when asked is staged beside RUN_DIR, and bench/scale_host.py's stand-ins move
-it into place when the ranks would write it. RUN_DIR also holds an earlier hang report's records, as a requeued batch
-job keeps them.
+The job (Job, N ranks 8 a node on node0001, node0002, ...): tensor parallel within a node, data parallel across
+nodes, 2,000 flight recorder entries a rank. Its faults, where faults() places them: `missing`, the one rank not in the
+all-reduce every other rank waits in (it waits for an async checkpoint); `silent`, a rank that registered and never
+answered the hang report; `slow_node`, a node whose pairs measure 40 GB/s against 95, or on fewer than 3 nodes (no
+retests there) `slow_gpu`, a rank whose matmul is 23% below the others'. What the ranks write only when asked is staged
+beside RUN_DIR, and bench/scale_host.py's stand-ins move it into place when the ranks would write it. RUN_DIR also
+holds an earlier hang report's records, as a requeued batch job keeps them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-import os
 import pickle
+import random
 import subprocess
 import sys
-from multiprocessing import Pool
+import time
 from pathlib import Path
 
-from bench.scale_health import health_plan, write_health_rank
-from bench.scale_job import PER_NODE, Job, Tree
 from launcher import run_files
 from launcher.hang import dumps, progress
 from launcher.hang.watch import StallClock, write_limit
+
+PER_NODE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Its size, where its faults are, and when the ranks were asked (time.time(), every rank's clock)."""
+
+    ranks: int
+    missing: int
+    silent: int
+    slow_node: int
+    slow_gpu: int
+    asked: float
+
+    @property
+    def nodes(self) -> int:
+        return self.ranks // PER_NODE
+
+    @functools.cached_property
+    def hosts(self) -> list[str]:
+        return [f"node{index + 1:04d}" for index in range(self.nodes)]
+
+    @property
+    def node_list(self) -> str:
+        """SLURM_JOB_NODELIST."""
+        return "node0001" if self.nodes == 1 else f"node[0001-{self.nodes:04d}]"
+
+    @property
+    def link_fault(self) -> bool:
+        """A capped link needs retests, which need 3 nodes; fewer get a slow GPU."""
+        return self.nodes >= 3
+
+    def host(self, rank: int) -> str:
+        return f"node{rank // PER_NODE + 1:04d}"
+
+    @property
+    def slow_host(self) -> str:
+        return self.host(self.slow_node * PER_NODE) if self.link_fault else self.host(self.slow_gpu)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """Where a job's records lie: the run folder, and beside it what the ranks write only when asked."""
+
+    root: Path
+    run_dir = property(lambda self: self.root / "run")
+    staged_answers = property(lambda self: self.root / "staged-answers")
+    staged_health = property(lambda self: self.root / "staged-health")
+
+
+def faults(ranks: int, seed: int) -> Job:
+    """The job of `ranks` ranks with its faults where `seed` puts them; the missing and the silent rank on different
+    nodes where there are two."""
+    rng = random.Random(seed)
+    missing = rng.randrange(ranks)
+    others = [rank for rank in range(ranks) if rank // PER_NODE != missing // PER_NODE]
+    silent = rng.choice(others or [rank for rank in range(ranks) if rank != missing])
+    rng.randrange(ranks)  # once the first failed rank: drawn still, so that a seed places the others as it did
+    slow_node, slow_gpu = rng.randrange(ranks // PER_NODE), rng.randrange(ranks)
+    return Job(ranks, missing, silent, slow_node, slow_gpu, asked=time.time())
+
 
 FR_ENTRIES = 2_000  # launcher/hang/dumps.py's TORCH_FR_BUFFER_SIZE
 LAST_STEP = 1_200
@@ -225,30 +287,3 @@ def write_hang_rank(tree: Tree, job: Job, rank: int, *, ident: int, stacks: dict
     (staged / f"stacks-rank-{rank}.txt").write_bytes(stacks["missing" if rank == job.missing else "waiting"])
     fields = dumps.record_flight_recorder(staged / "fr" / f"rank-{rank}", flight_record(job, rank))
     progress.write_json(staged / f"answer-rank-{rank}.json", answer(job, rank) | fields)
-
-
-# ---- the whole tree ---------------------------------------------------------------------------------------------
-def chunks(job: Job, parts: int) -> list[range]:
-    size = -(-job.ranks // parts)
-    return [range(start, min(start + size, job.ranks)) for start in range(0, job.ranks, size)]
-
-
-def write_ranks(arguments: tuple[Tree, Job, range, int, dict[str, bytes], list]) -> None:
-    """One worker's share of the ranks: their hang records and their health records."""
-    tree, job, ranks, ident, stacks, plan = arguments
-    for rank in ranks:
-        write_hang_rank(tree, job, rank, ident=ident, stacks=stacks)
-        write_health_rank(tree.staged_health, job, rank, plan)
-
-
-def build(tree: Tree, job: Job) -> None:
-    """Every record of the job."""
-    for folder in (tree.run_dir / run_files.HANG / "fr", tree.staged_answers / "fr", tree.staged_health):
-        folder.mkdir(parents=True, exist_ok=True)
-    write_progress(tree.run_dir, job)
-    ident, stacks = stack_texts(tree.root)
-    plan = health_plan(job)
-    work = [(tree, job, ranks, ident, stacks, plan) for ranks in chunks(job, 4 * (os.cpu_count() or 1))]
-    with Pool(os.cpu_count()) as pool:
-        for _ in pool.imap_unordered(write_ranks, work):
-            pass
