@@ -239,11 +239,11 @@ def disk_bytes(root: Path) -> int:
     )
 
 
-def write_ranks(arguments: tuple[Tree, Job, range, int, dict[str, bytes], list]) -> None:
+def write_ranks(arguments: tuple[Tree, Job, range, list]) -> None:
     """One worker's share of the ranks: their hang records and their health records."""
-    tree, job, ranks, ident, stacks, plan = arguments
+    tree, job, ranks, plan = arguments
     for rank in ranks:
-        scale_tree.write_hang_rank(tree, job, rank, ident=ident, stacks=stacks)
+        scale_tree.write_hang_rank(tree, job, rank)
         write_health_rank(tree.staged_health, job, rank, plan)
 
 
@@ -252,12 +252,8 @@ def build(tree: Tree, job: Job) -> None:
     for folder in (tree.run_dir / run_files.HANG / "fr", tree.staged_answers / "fr", tree.staged_health):
         folder.mkdir(parents=True, exist_ok=True)
     scale_tree.write_progress(tree.run_dir, job)
-    ident, stacks = scale_tree.stack_texts(tree.root)
     plan, size = health_plan(job), -(-job.ranks // (4 * (os.cpu_count() or 1)))
-    work = [
-        (tree, job, range(start, min(start + size, job.ranks)), ident, stacks, plan)
-        for start in range(0, job.ranks, size)
-    ]
+    work = [(tree, job, range(start, min(start + size, job.ranks)), plan) for start in range(0, job.ranks, size)]
     with Pool(os.cpu_count()) as pool:
         for _ in pool.imap_unordered(write_ranks, work):
             pass

@@ -18,8 +18,6 @@ import functools
 import json
 import pickle
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -107,6 +105,7 @@ TRAINING = [
     (f"{MEGATRON}/bridge/training/pretrain.py", "pretrain", 90),
     (f"{CODE}/entrypoint.py", "train", 420),
     (f"{CODE}/entrypoint.py", "main", 470),
+    (f"{CODE}/entrypoint.py", "<module>", 480),
 ]
 WAITING = [
     (f"{TORCH}/distributed/distributed_c10d.py", "all_reduce", 2870),
@@ -132,32 +131,7 @@ THREADS = [
     [(f"{CODE}/launcher/hang/dumps.py", "answer_requests", 109), (f"{STDLIB}/threading.py", "run", 982),
      (f"{STDLIB}/threading.py", "_bootstrap_inner", 1045), (f"{STDLIB}/threading.py", "_bootstrap", 1002)],
 ]  # fmt: skip
-# A rank's stacks, as faulthandler writes them: each chain compiled under its file names and called, the threads
-# parked in their chains, then the main thread's dump from the innermost function of its chain.
-STACKS_PROGRAM = """
-import faulthandler, functools, json, sys, threading
-
-def chain(frames, innermost):
-    call = innermost
-    for file, function, line in frames:
-        scope = {}
-        exec(compile("\\n" * (line - 2) + f"def {function}(inner):\\n    return inner()\\n", file, "exec"), scope)
-        call = functools.partial(scope[function], call)
-    return call
-
-kinds, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-parked = [threading.Event() for _ in threads]
-release = threading.Event()
-for frames, event in zip(threads, parked):
-    threading.Thread(target=chain(frames, lambda e=event: (e.set(), release.wait())), daemon=True).start()
-for event in parked:
-    event.wait()
-for path, frames in kinds.items():
-    with open(path, "w") as out:
-        entry = chain(frames, functools.partial(faulthandler.dump_traceback, out, all_threads=True))
-        exec(compile("\\n" * 479 + "entry()", "/workspace/megatron/entrypoint.py", "exec"), {"entry": entry})
-print(threading.main_thread().ident)
-"""
+MAIN_THREAD = 0x00007F3A2C9E4740  # every rank's main thread's ident, as threading and faulthandler give it
 
 
 # ---- the hang report's records --------------------------------------------------------------------------------
@@ -183,13 +157,20 @@ def write_progress(run_dir: Path, job: Job) -> None:
     write_limit(hang, job.asked - 3600.0, 300.0)
 
 
-def stack_texts(work: Path) -> tuple[int, dict[str, bytes]]:
-    """(the main thread's ident, {"waiting": stacks, "missing": stacks}) as faulthandler writes them for a rank."""
-    paths = {kind: work / f"stacks-{kind}.txt" for kind in ("waiting", "missing")}
-    chains = {str(paths["waiting"]): WAITING, str(paths["missing"]): MISSING}
-    program = [sys.executable, "-S", "-c", STACKS_PROGRAM, json.dumps(chains), json.dumps(THREADS)]
-    ident = int(subprocess.run(program, capture_output=True, text=True, check=True).stdout)
-    return ident, {kind: path.read_bytes() for kind, path in paths.items()}
+def stack_text(main: list[tuple[str, str, int]]) -> bytes:
+    """A rank's stacks as faulthandler.dump_traceback(all_threads=True) writes them from its main thread (CPython 3.12):
+    each thread's frames, innermost first, the main thread's last."""
+    threads = [(0x00007F3A10FFF6C0 + (index << 24), frames) for index, frames in enumerate(THREADS)]
+    lines = []
+    for ident, frames in [*threads, (MAIN_THREAD, main)]:
+        lines.append(
+            f"{'Current thread' if ident == MAIN_THREAD else 'Thread'} 0x{ident:016x} (most recent call first):"
+        )
+        lines += [*(f'  File "{file}", line {line} in {function}' for file, function, line in frames), ""]
+    return "\n".join([*lines, ""]).encode()
+
+
+STACKS = {False: stack_text(WAITING), True: stack_text(MISSING)}  # by whether the rank is the missing one
 
 
 def groups_of(job: Job, rank: int) -> list[tuple[str, str, int, list[int]]]:
@@ -274,16 +255,16 @@ def answer(job: Job, rank: int) -> dict:
     return result | {"last_step": LAST_STEP, "last_step_time": last_step_time(job), "longest_step_s": STEP_S}
 
 
-def write_hang_rank(tree: Tree, job: Job, rank: int, *, ident: int, stacks: dict[str, bytes]) -> None:
+def write_hang_rank(tree: Tree, job: Job, rank: int) -> None:
     """`rank`'s registration and its empty stacks file (dumps.install), and, staged, what it writes when asked."""
     hang, staged = tree.run_dir / run_files.HANG, tree.staged_answers
     registered = {"rank": rank, "host": job.host(rank), "pid": 4000 + rank, "start_time": "8812345"}
-    progress.write_json(hang / f"rank-{rank}.json", registered | {"main_thread": ident})
+    progress.write_json(hang / f"rank-{rank}.json", registered | {"main_thread": MAIN_THREAD})
     (hang / f"stacks-rank-{rank}.txt").touch()
     earlier = dumps.record_flight_recorder(hang / "fr" / f"rank-{rank}", EARLIER_RECORD)
     progress.write_json(hang / f"answer-rank-{rank}.json", answer(job, rank) | {"time": job.asked - 3600} | earlier)
     if rank == job.silent:
         return
-    (staged / f"stacks-rank-{rank}.txt").write_bytes(stacks["missing" if rank == job.missing else "waiting"])
+    (staged / f"stacks-rank-{rank}.txt").write_bytes(STACKS[rank == job.missing])
     fields = dumps.record_flight_recorder(staged / "fr" / f"rank-{rank}", flight_record(job, rank))
     progress.write_json(staged / f"answer-rank-{rank}.json", answer(job, rank) | fields)
