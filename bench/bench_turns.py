@@ -28,13 +28,8 @@ NOTES = {
     "ours": "the shipped recipe, launched by `srun.sh --local`",
     "upstream": "the same, launched by `torchrun bench/upstream_pretrain.py`",
     "seed": "the shipped recipe with another seed: run-to-run noise",
-    "straggler": "the shipped recipe with NVRx straggler detection on (CUDA-event timing of every step)",
 }
-# Each arm's one change from "ours"; the straggler arm reports every 30 s (not 300), so counted steps include one.
-CHANGES = {
-    "seed": ("rng.seed=4321",),
-    "straggler": ("nvrx_straggler.enabled=true", "nvrx_straggler.report_time_interval=30"),
-}
+CHANGES = {"seed": ("rng.seed=4321",)}  # each arm's one change from "ours"
 LOSS_VS_SAMPLES = "lm loss vs samples"  # Megatron Bridge 0.6.2's training_log: the loss at each consumed-sample count
 PEAK_RESERVED_GB = "memory/mem-max-reserved-gigabytes"
 BLOCK_COLUMNS = ("block", "arm", "against", "rounds", "ratio: median", "IQR", "range", "verdict")
@@ -68,7 +63,6 @@ PLANS = {
         turn_steps=3,
         note="ours against upstream, and the run-to-run noise",
     ),
-    "llama8b-straggler": Plan(launches.LLAMA_FP8, (("ours", "straggler"),), 4, 8, 6, 3, "straggler detection's cost"),
 }
 
 
