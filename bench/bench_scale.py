@@ -287,18 +287,15 @@ def measure(job: Job, args: argparse.Namespace) -> dict:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def exponent(first: dict, second: dict, name: str, figure: str = "seconds") -> float | None:
-    """log(t2/t1) / log(N2/N1) of a step's seconds (or CPU seconds, "cpu_s") between two sizes."""
-    t1, t2 = first["steps"][name][figure], second["steps"][name][figure]
-    if t1 <= 0 or t2 <= 0:
-        return None
-    return round(math.log(t2 / t1) / math.log(second["ranks"] / first["ranks"]), 2)
-
-
 def growth(sizes: list[dict], figure: str = "seconds") -> dict[str, dict[str, float | None]]:
-    """Each step's exponent of FIGURE between each pair of consecutive sizes measured, "N1-N2": exponent."""
-    pairs = list(itertools.pairwise(sizes))
-    return {name: {f"{a['ranks']}-{b['ranks']}": exponent(a, b, name, figure) for a, b in pairs} for name in STEPS}
+    """Each step's growth exponent of FIGURE (seconds, or CPU seconds: "cpu_s") between consecutive sizes,
+    log(t2/t1) / log(N2/N1): {step: {"N1-N2": exponent}}."""
+    found: dict[str, dict[str, float | None]] = {name: {} for name in STEPS}
+    for name, (a, b) in itertools.product(STEPS, itertools.pairwise(sizes)):
+        t1, t2 = a["steps"][name][figure], b["steps"][name][figure]
+        exponent = math.log(t2 / t1) / math.log(b["ranks"] / a["ranks"]) if t1 > 0 and t2 > 0 else None
+        found[name][f"{a['ranks']}-{b['ranks']}"] = None if exponent is None else round(exponent, 2)
+    return found
 
 
 def markdown(result: dict) -> str:
@@ -317,9 +314,8 @@ def markdown(result: dict) -> str:
             cells.append(f"{step['seconds']:.2f} s ({step['cpu_s']:.2f} s CPU), {step['peak_mb']:.0f} MB{wrong}")
         limit = LIMITS_S.get(name)
         lines.append(report.row([name, *cells, f"{limit:g} s" if limit else None]))
-    lines.append(
-        report.row(["tree: build, disk", *(f"{s['build_s']:.0f} s, {s['disk_mb']:,} MB" for s in sizes), None])
-    )
+    built = [f"{size['build_s']:.0f} s, {size['disk_mb']:,} MB" for size in sizes]
+    lines.append(report.row(["tree: build, disk", *built, None]))
     pairs = list(itertools.pairwise(sizes))
     growths = (("seconds", "growth"), ("CPU seconds (other work on the machine does not inflate them)", "cpu_growth"))
     for figure, key in growths if pairs else ():
