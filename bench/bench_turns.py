@@ -2,8 +2,8 @@
 turns on the same GPUs, a few steps each, round after round (bench/turns.py), and every ratio of an arm's throughput to
 its block's reference's comes with its spread over the rounds. A step counts in the turn in which it was logged (by
 the wall times TensorBoard keeps), less the first of the turn (it holds the pause) and --settle more. bench/README.md
-says more. --dry-run prints the plan and checks every arm's config with entrypoint.py --check; nothing starts. A run
-writes DIR/turns-PLAN.json (the record and the analysis) and DIR/turns-PLAN.md; the arms run in --runs-dir.
+says more. A run writes DIR/turns-PLAN.json (the record and the analysis) and DIR/turns-PLAN.md; the arms run in
+--runs-dir. tests/test_plans.py checks every plan's arms, on 1 and 2 GPUs, with entrypoint.py --check.
 """
 
 import argparse
@@ -241,7 +241,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--settle", type=int, default=1, help="steps left out after the first of a turn (default: 1)")
     parser.add_argument("--budget-s", type=float, help="seconds the plan may take (default: no limit)")
     parser.add_argument("--runs-dir", type=Path, help="where the arms run (default: DIR/turns-PLAN-runs)")
-    parser.add_argument("--dry-run", action="store_true", help="print and check the plan; start nothing")
     args = parser.parse_args(argv)
     args.prefix = args.out / f"turns-{args.plan}"
     args.runs_dir = args.runs_dir or args.out / f"turns-{args.plan}-runs"
@@ -257,22 +256,6 @@ def plan_of(args: argparse.Namespace) -> tuple[Plan, dict[str, turns.Arm], list[
     plan = dataclasses.replace(plan, turn_steps=args.turn_steps or plan.turn_steps, layers=args.layers or plan.layers)
     blocks = [turns.Block(arms=block, rounds=args.rounds or plan.rounds) for block in plan.blocks]
     return plan, arms(plan, args.gpus, args.settle), blocks
-
-
-def dry_run(args: argparse.Namespace) -> int:
-    import entrypoint  # imports Megatron Bridge: only for the dry run
-
-    _, built, blocks = plan_of(args)
-    for index, block in enumerate(blocks):
-        print(f"block {index}: {' '.join(block.arms)} ({block.rounds} rounds, reference {block.arms[0]})")
-    for arm in built.values():
-        env = " ".join(f"{k}={v}" for k, v in arm.env.items())
-        print(f"{arm.name} ({arm.note}; warm-up {arm.warmup_steps} steps): env {env}\n  {' '.join(arm.command)}")
-    checked = {(arm.recipe, arm.overrides, arm.gpus): arm.name for arm in built.values()}  # ours and upstream: one
-    check = ["--check", "--world-size"]
-    refused = [n for (r, o, g), n in checked.items() if entrypoint.main([str(launches.REPO / r), *o, *check, str(g)])]
-    print(f"refused by entrypoint.py --check: {', '.join(refused)}" if refused else "every arm's config passes")
-    return 2 if refused else 0
 
 
 def block_lines(block: dict) -> list[str]:
@@ -334,8 +317,6 @@ def write(prefix: Path, result: dict, runs_dir: Path) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.dry_run:
-        return dry_run(args)
     started = time.monotonic()
     launches.stop_on_sigterm()
     plan, built, blocks = plan_of(args)
