@@ -31,12 +31,9 @@ NOTES = {
 }
 CHANGES = {"seed": ("rng.seed=4321",)}  # each arm's one change from "ours"
 LOSS_VS_SAMPLES = "lm loss vs samples"  # Megatron Bridge 0.6.2's training_log: the loss at each consumed-sample count
-PEAK_RESERVED_GB = "memory/mem-max-reserved-gigabytes"
 BLOCK_COLUMNS = ("block", "arm", "against", "rounds", "ratio: median", "IQR", "range", "verdict")
 BLOCK_COLUMNS += ("loss: mean, max abs gap", "loss")
-ARM_COLUMNS = ("arm", "change", "ms/step", "tokens/s/GPU", "TFLOP/s/GPU logged", "GFLOP/token logged")
-ARM_COLUMNS += ("peak GB allocated, reserved", "steps counted", "exit")
-ARM_FIGURES = ("step_ms", "tokens_per_s_per_gpu", "logged_tflops_per_gpu", "logged_gflop_per_token")
+ARM_COLUMNS = ("arm", "change", "ms/step", "tokens/s/GPU", "steps counted", "exit")
 
 
 @dataclass(frozen=True)
@@ -159,23 +156,13 @@ def loss_agrees(gap: dict | None, noise: dict | None) -> str:
 
 
 def arm_figures(found: dict, counted: list[int], tokens_per_step: int, gpus: int) -> dict:
-    """One arm's figures over its counted steps: step time, tokens/s/GPU, Megatron Bridge's logged TFLOP/s/GPU and
-    the FLOPs per token that figure implies; and its peak memory over the whole run."""
-    step_times, logged = launches.values(found, launches.STEP_TIME_S), launches.values(found, launches.TFLOPS_PER_GPU)
+    """One arm's step time and tokens/s/GPU over its counted steps."""
+    step_times = launches.values(found, launches.STEP_TIME_S)
     step_s = statistics.median(step_times[step] for step in counted) if counted else None
-    tflops_counted = [logged[step] for step in counted if step in logged]
-    tflops = statistics.median(tflops_counted) if tflops_counted else None
-    allocated = launches.values(found, launches.PEAK_ALLOCATED_GB).values()
-    reserved = launches.values(found, PEAK_RESERVED_GB).values()
-    tokens_per_s = tokens_per_step / step_s / gpus if step_s else None
     return {
         "counted_steps": len(counted),
         "step_ms": round(step_s * 1000, 1) if step_s else None,
-        "tokens_per_s_per_gpu": round(tokens_per_s) if tokens_per_s else None,
-        "logged_tflops_per_gpu": round(tflops, 1) if tflops else None,
-        "logged_gflop_per_token": round(tflops * 1e3 / tokens_per_s, 2) if tflops and tokens_per_s else None,
-        "peak_allocated_gb": round(max(allocated), 2) if allocated else None,
-        "peak_reserved_gb": round(max(reserved), 2) if reserved else None,
+        "tokens_per_s_per_gpu": round(tokens_per_step / step_s / gpus) if step_s else None,
     }
 
 
@@ -282,9 +269,8 @@ def arms_table(record: dict, analysis: dict) -> list[str]:
         ended = str(arm.get("returncode"))
         if failure := arm.get("failure"):
             ended += f", {failure['why']}: {' / '.join(failure['last_lines'])}"
-        memory = f"{figures.get('peak_allocated_gb')}, {figures.get('peak_reserved_gb')}"
-        cells = [figures.get(key) for key in ARM_FIGURES]
-        lines.append(report.row([name, arm["note"], *cells, memory, figures.get("counted_steps"), ended]))
+        cells = [figures.get(key) for key in ("step_ms", "tokens_per_s_per_gpu", "counted_steps")]
+        lines.append(report.row([name, arm["note"], *cells, ended]))
     return lines
 
 

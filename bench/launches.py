@@ -39,10 +39,7 @@ MEASURED = (
     "validation.eval_iters=0",
     "model.gradient_accumulation_fusion=false",
 )
-# TensorBoard tags Megatron Bridge 0.6.2 writes with MEASURED (training/utils/train_utils.py, training_log).
-STEP_TIME_S = "iteration-time"
-TFLOPS_PER_GPU = "throughput/tflops/device"
-PEAK_ALLOCATED_GB = "memory/mem-max-allocated-gigabytes"
+STEP_TIME_S = "iteration-time"  # a TensorBoard tag Megatron Bridge 0.6.2 writes with MEASURED (training_log)
 PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine")  # in every result
 # Megatron Bridge's console line for each logged step (on its last rank): "[YYYY-MM-DD HH:MM:SS] iteration N/ M | ...
 # elapsed time per iteration (ms): T | ...".

@@ -56,9 +56,8 @@ def test_the_report_is_written_from_the_recorded_call_and_the_arms_event_files(t
     )
     assert "| 1 | | | cut after 0 rounds: an arm failed |" in table
     assert "| 2 | late | ours | skipped: no time left |" in table
-    # ours: 65536 tokens a 1 s step at 550 TFLOP/s logged: 8.39 GFLOP a token.
-    assert "| ours | the shipped recipe | 1000.0 | 65536 | 550.0 | 8.39 | 40.12, 45.0 | 6 | 0 |" in table
-    assert "| seed | another seed | - | - | - | - | None, None | 0 | 1, ended during its turn: OOM |" in table
+    assert "| ours | the shipped recipe | 1000.0 | 65536 | 6 | 0 |" in table  # 65536 tokens a 1 s step
+    assert "| seed | another seed | - | - | 0 | 1, ended during its turn: OOM |" in table
     assert json.loads(prefix.with_suffix(".json").read_text())["analysis"]["blocks"][0]["ratios"] == {
         "upstream": [ratio] * 3
     }

@@ -71,9 +71,9 @@ def write_events(directory: Path, steps: dict[int, tuple[float, float]], loss: d
     writer = SummaryWriter(log_dir=str(directory / "outputs" / "tb_logs"))
     for step, (wall, seconds) in steps.items():
         writer.add_scalar(launches.STEP_TIME_S, seconds, step, walltime=wall)
-        writer.add_scalar(launches.TFLOPS_PER_GPU, tflops / seconds, step, walltime=wall)
-        writer.add_scalar(launches.PEAK_ALLOCATED_GB, 40.0 + step / 100, step, walltime=wall)
-        writer.add_scalar(bench_turns.PEAK_RESERVED_GB, 45.0, step, walltime=wall)
+        writer.add_scalar("throughput/tflops/device", tflops / seconds, step, walltime=wall)
+        writer.add_scalar("memory/mem-max-allocated-gigabytes", 40.0 + step / 100, step, walltime=wall)
+        writer.add_scalar("memory/mem-max-reserved-gigabytes", 45.0, step, walltime=wall)
     for samples, value in loss.items():
         writer.add_scalar(bench_turns.LOSS_VS_SAMPLES, value, samples)
     writer.close()
@@ -104,9 +104,7 @@ def test_a_recorded_call_reads_as_per_arm_figures_per_block_ratios_and_loss_nois
     found = {name: launches.scalars(tmp_path / name) for name in seconds}
     analysis = bench_turns.analyse(record, found)
     ours = analysis["arms"]["ours"]
-    assert ours["counted_steps"] == 8 and ours["step_ms"] == 1000.0 and ours["tokens_per_s_per_gpu"] == 65536
-    assert ours["logged_tflops_per_gpu"] == 600.0 and ours["logged_gflop_per_token"] == round(600e3 / 65536, 2)
-    assert ours["peak_allocated_gb"] == 40.16 and ours["peak_reserved_gb"] == 45.0
+    assert ours == {"counted_steps": 8, "step_ms": 1000.0, "tokens_per_s_per_gpu": 65536}
     seed_block, lever_block = analysis["blocks"]
     assert seed_block["ratios"] == {"seed": [1.0, 1.0]}
     assert lever_block["ratios"] == {"no_checks": [round(1 / 0.95, 4)] * 2}
