@@ -210,8 +210,7 @@ def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[
 
 
 def process_tree(root: int) -> list[psutil.Process]:
-    """root and every process below it: the ranks run in sessions of their own, which no process group of the
-    launcher holds."""
+    """root and every process below it (the ranks run in sessions of their own, out of the launcher's group)."""
     try:
         launcher = psutil.Process(root)
         return [launcher, *launcher.children(recursive=True)]

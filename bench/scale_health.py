@@ -73,15 +73,9 @@ def pair_figures(job: Job) -> dict[str, dict[tuple[int, int], float]]:
 
 
 @functools.cache
-def job_host_list(job: Job) -> list[str]:
-    """Every rank's host, as the check's start gathers them (one list a job, shared: not to be changed)."""
-    return [job.host(rank) for rank in range(job.ranks)]
-
-
-@functools.cache
 def job_nodes(job: Job) -> list[list[int]]:
-    """Each node's ranks, as check.py's node_ranks finds them (one list a job, shared: not to be changed)."""
-    return check.node_ranks(job_host_list(job))
+    """Each node's ranks, as check.py's node_ranks finds them from every rank's host (one list a job, shared)."""
+    return check.node_ranks([job.host(rank) for rank in range(job.ranks)])
 
 
 def health_plan(job: Job) -> list[list[tuple[int, str, tuple[int, int]]]]:
@@ -103,11 +97,12 @@ class StagedRecord(check.Record):
 def measured_parts(job: Job, rank: int, plan: list) -> Iterator[tuple[str, list[int], dict, bool]]:
     """The collective parts `rank` measures, in Check.run's order (it sits the others out): (prefix, ranks, what the
     result adds, whether a retest)."""
-    hosts, nodes, mine = job_host_list(job), job_nodes(job), rank // PER_NODE
+    nodes, mine = job_nodes(job), rank // PER_NODE
     yield "node", nodes[mine], {}, False
     for round_, partner in check.pair_rounds(job.nodes, mine):
         if partner is not None:
-            yield f"pair.{round_}", check.pair_ranks(nodes, mine, partner), {"partner": hosts[nodes[partner][0]]}, False
+            extra = {"partner": job.host(nodes[partner][0])}
+            yield f"pair.{round_}", check.pair_ranks(nodes, mine, partner), extra, False
     for index, step in enumerate(plan):  # Check.retests: this rank's part of each step of the plan
         if own := next((m for m in step if mine in m[2]), None):
             suspect, role, (a, b) = own

@@ -120,8 +120,7 @@ MISSING = [
     (f"{MEGATRON}/bridge/training/checkpointing.py", "maybe_finalize_async_save", 1500),
     *TRAINING,
 ]
-# What the report says of each, in its words (launcher/hang/answers.py's position()).
-WAITING_AT = "all_reduce (distributed_c10d.py:2870) from train_step (train.py:640)"
+# Where the report says the missing rank is, in its words (launcher/hang/answers.py's position()).
 MISSING_AT = "_wait_for_tstate_lock (threading.py:1167) from maybe_finalize_async_calls (async_utils.py:300)"
 # Two more threads of every rank: the data loader's pin-memory thread and the hang report's answering thread.
 THREADS = [
