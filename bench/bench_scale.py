@@ -2,11 +2,10 @@
 no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, with the writers a real run uses; then
 each host step (STEPS) runs on them as one process, with its seconds, CPU seconds and peak memory (its own and its
 children's), less what it waits for that is not its work (the health check's launch, the ranks' answers): the health
-and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers),
-./srun.sh --dry-run and ./srun.sh in an allocation of N/8 nodes (srun a stand-in, the launch
-plan checked). Each fault must be named right, as the tests assert it, or the run exits 1. The growth exponent
-between sizes, log(t2/t1) / log(N2/N1), is given for the seconds and for the CPU seconds, which other work on the
-machine does not change.
+and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers), and
+./srun.sh in an allocation of N/8 nodes (srun a stand-in, the launch plan checked). Each fault must be named right,
+as the tests assert it, or the run exits 1. The growth exponent between sizes, log(t2/t1) / log(N2/N1), is given for
+the seconds and for the CPU seconds, which other work on the machine does not change.
 
 The tree of 16,384 ranks takes about 8 GB of disk, 4,096 ranks about 2 GB; each is removed once measured (--keep keeps
 them). The host steps run under `python3 -S` (the standard library only, as on a launching host: where torch is
@@ -42,8 +41,9 @@ from launcher.host.preflight import knob_names
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = (8, 64, 512, 4_096, 16_384)
-# Issue 47's limits: seconds at 4,096 ranks.
-LIMITS_S = {"health report": 5.0, "hang report": 15.0, "dry run": 2.0}
+# Issue 47's limits: seconds at 4,096 ranks. The dry run's 2 s holds the launch, which does all it does and writes the
+# launch plan.
+LIMITS_S = {"health report": 5.0, "hang report": 15.0, "launch plan written": 2.0}
 LIMIT_AT = 4_096
 HOST = [sys.executable, "-S", str(REPO / "bench" / "scale_host.py")]
 RECIPE = REPO / "recipes" / "llama3_8b_pretrain.py"
@@ -186,14 +186,6 @@ def hang_report(world: World) -> tuple[Ran, str]:
     return ran, problems + expect(found, [outside[rank] for rank in sorted(outside)])
 
 
-def dry_run(world: World) -> tuple[Ran, str]:
-    ran = world.run(str(REPO / "srun.sh"), "--dry-run", str(RECIPE), "train.train_iters=1000", slurm=True)
-    srun = [line for line in ran.stdout.splitlines() if line.startswith("srun ")]
-    wanted = f"srun --nodes={world.job.nodes} --ntasks={world.job.ranks} --ntasks-per-node={PER_NODE} "
-    problems = expect(ran.status, 0, "exit status") + expect(len(srun), 1, "srun lines")
-    return ran, problems + ("" if srun and srun[0].startswith(wanted) else f"srun line {srun}, not {wanted}...; ")
-
-
 def plan_path(world: World) -> Path:
     found = list((world.tree.root / "outputs" / RECIPE.stem).glob("*/launch-plan.json"))
     return found[0] if len(found) == 1 else world.tree.root / "no launch plan"
@@ -208,7 +200,6 @@ def launch_plan_written(world: World) -> tuple[Ran, str]:
 STEPS: dict[str, Callable[[World], tuple[Ran, str]]] = {
     "health report": health_report,
     "hang report": hang_report,
-    "dry run": dry_run,
     "launch plan written": launch_plan_written,
 }
 
