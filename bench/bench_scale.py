@@ -186,14 +186,10 @@ def hang_report(world: World) -> tuple[Ran, str]:
     return ran, problems + expect(found, [outside[rank] for rank in sorted(outside)])
 
 
-def plan_path(world: World) -> Path:
-    found = list((world.tree.root / "outputs" / RECIPE.stem).glob("*/launch-plan.json"))
-    return found[0] if len(found) == 1 else world.tree.root / "no launch plan"
-
-
 def launch_plan_written(world: World) -> tuple[Ran, str]:
     ran = world.run(str(REPO / "srun.sh"), str(RECIPE), "train.train_iters=1000", slurm=True)
-    hosts = json.loads(read(plan_path(world)) or "{}").get("hosts")
+    plans = list((world.tree.root / "outputs" / RECIPE.stem).glob("*/launch-plan.json"))
+    hosts = json.loads(read(plans[0]) if len(plans) == 1 else "{}").get("hosts")
     return ran, expect(ran.status, 0, "exit status") + expect(hosts, world.job.hosts, "the plan's hosts")
 
 

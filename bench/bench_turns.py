@@ -155,15 +155,12 @@ def loss_agrees(gap: dict | None, noise: dict | None) -> str:
     return "within noise" if gap["mean_abs"] <= noise["mean_abs"] else "outside noise"
 
 
-def arm_figures(found: dict, counted: list[int], tokens_per_step: int, gpus: int) -> dict:
+def arm_figures(step_times: dict[int, tuple[float, float]], counted: list[int], spec: dict) -> dict:
     """One arm's step time and tokens/s/GPU over its counted steps."""
-    step_times = launches.values(found, launches.STEP_TIME_S)
-    step_s = statistics.median(step_times[step] for step in counted) if counted else None
-    return {
-        "counted_steps": len(counted),
-        "step_ms": round(step_s * 1000, 1) if step_s else None,
-        "tokens_per_s_per_gpu": round(tokens_per_step / step_s / gpus) if step_s else None,
-    }
+    step_s = statistics.median(step_times[step][1] for step in counted) if counted else None
+    step_ms = round(step_s * 1000, 1) if step_s else None
+    tokens_per_s = round(spec["tokens_per_step"] / step_s / spec["gpus"]) if step_s else None
+    return {"counted_steps": len(counted), "step_ms": step_ms, "tokens_per_s_per_gpu": tokens_per_s}
 
 
 def turn_figures(record: dict, step_times: dict[str, dict]) -> tuple[dict, dict]:
@@ -207,10 +204,7 @@ def analyse(record: dict, found: dict[str, dict]) -> dict:
     """The whole call: per arm, per block, and the noise. found: {arm: launches.scalars(its directory)}."""
     step_times = {arm: found.get(arm, {}).get(launches.STEP_TIME_S, {}) for arm in record["arms"]}
     throughput, counted = turn_figures(record, step_times)
-    figures = {
-        arm: arm_figures(found.get(arm, {}), counted[arm], spec["tokens_per_step"], spec["gpus"])
-        for arm, spec in record["arms"].items()
-    }
+    figures = {arm: arm_figures(step_times[arm], counted[arm], spec) for arm, spec in record["arms"].items()}
     losses = {arm: launches.values(found.get(arm, {}), LOSS_VS_SAMPLES) for arm in record["arms"]}
     noise = noise_gap(record, losses)
     blocks = [block_figures(block, record, throughput, losses, noise) for block in record["blocks"]]

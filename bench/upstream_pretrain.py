@@ -1,10 +1,7 @@
-"""Baseline B of the benchmark: the upstream way to launch. torchrun runs this plain script, which builds the recipe,
-applies the overrides with Megatron Bridge's own process_config_with_overrides, and calls pretrain: no
-entrypoint.py, none of srun.sh's environment.
-
-    torchrun --nproc-per-node=2 bench/upstream_pretrain.py RECIPE.py [KEY=VALUE ...]
-
-Rank 0 prints a line after the imports and one once the config is built.
+"""Baseline B of the benchmarks, the upstream way to launch: `torchrun --nproc-per-node=N bench/upstream_pretrain.py
+RECIPE.py [KEY=VALUE ...]` builds the recipe, applies the overrides with Megatron Bridge's own
+process_config_with_overrides, and calls pretrain: no entrypoint.py, none of srun.sh's environment. Rank 0 prints a
+line after the imports and one once the config is built.
 """
 
 import importlib.util
