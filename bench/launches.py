@@ -93,8 +93,9 @@ class Launch:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         # Unbuffered, so that each line arrives when it is printed; every process of the launch inherits its root.
-        self.output_root = str(directory / "outputs")
-        environment = {**os.environ, "SRUNSH_OUTPUT_ROOT": self.output_root, "PYTHONUNBUFFERED": "1", **(env or {})}
+        environment = {**os.environ, "SRUNSH_OUTPUT_ROOT": str(directory / "outputs"), "PYTHONUNBUFFERED": "1"}
+        environment |= env or {}
+        self.output_root = environment["SRUNSH_OUTPUT_ROOT"]
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             command,
