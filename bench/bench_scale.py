@@ -1,32 +1,16 @@
 """What the launching host does for a job of N ranks (8 a node), timed on the run folder such a job leaves: no GPU,
-no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, with the writers a real run uses, and
-every host-side step then runs on them as one process, timed from its start to its end, with its CPU seconds and its
-peak memory (its own and its children's, wait4's):
+no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, with the writers a real run uses; then
+each host step (STEPS) runs on them as one process, with its seconds, CPU seconds and peak memory (its own and its
+children's), less what it waits for that is not its work (the health check's launch, the ranks' answers): the health
+and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers), and
+./srun.sh in an allocation of N/8 nodes (srun a stand-in, the launch plan checked). Each fault must be named right,
+as the tests assert it, or the run exits 1. The growth exponent between sizes, log(t2/t1) / log(N2/N1), is given for
+the seconds and for the CPU seconds, which other work on the machine does not change.
 
-- health report: launcher/health/report.py with the check's launch (a stand-in moves the ranks' records into place
-  and ends); the launch's own seconds are left out;
-- hang report: launcher/hang/report.py --stalled, from the request to hang-report.txt and its console lines; a
-  stand-in scancel hands over the ranks' answers (stacks, NCCL flight recorder records of 2,000 entries, answers);
-  the answers' wait (the signal and the wait for a rank that never answers) is left out;
-- first-failure report: the supervisor's, on every rank's status and the first failed rank's 10,000-line log;
-- dry run: ./srun.sh --dry-run inside an allocation of N/8 nodes (SLURM_JOB_NODELIST=node[0001-...]): the preflight,
-  the node list through SLURM's own scontrol, the srun command;
-- launch plan written: ./srun.sh in the same allocation, srun a stand-in that ends at once: launch-plan.json;
-- launch plan read: launch-plan.json back into a LaunchPlan.
-
-Each fault must still be named right, as the tests assert it: the one rank of N missing from the all-reduce every
-other rank waits in and the one rank that never answered (hang report), the rank that failed first among N that were
-then stopped (first-failure report), the capped node among N/8 (health report; on fewer than 3 nodes a slow GPU).
-A wrong verdict fails the run (exit 1). The table gives seconds, CPU seconds and peak memory, and the growth exponent
-of the seconds and of the CPU seconds between sizes, log(t2/t1) / log(N2/N1): the CPU seconds' is the one that other
-work on the machine does not change.
-
-Disk: the tree of 16,384 ranks takes about 8 GB (its flight recorder records most of it; the stopped ranks' logs are
-hard links of one file) and 4,096 ranks about 2 GB; each tree is removed once measured (--keep keeps them). The
-host steps run under `python3 -S` (the standard library only, as on a launching host without the training stack:
-where torch is importable, the hang report also runs torchfrtrace, up to 120 s, which this does not time); srun.sh
-runs the python3 on PATH. SLURM's scontrol must be installed (its `show hostnames` needs no controller); a stand-in
-answers `scontrol show config` as a controller would.
+The tree of 16,384 ranks takes about 8 GB of disk, 4,096 ranks about 2 GB; each is removed once measured (--keep keeps
+them). The host steps run under `python3 -S` (the standard library only, as on a launching host: where torch is
+importable, the hang report also runs torchfrtrace, which this does not time); srun.sh runs the python3 on PATH.
+SLURM's scontrol must be installed (`show hostnames` needs no controller); a stand-in answers `show config`.
 """
 
 from __future__ import annotations
@@ -45,19 +29,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from multiprocessing import Pool
 from pathlib import Path
 
 from bench import report, scale_tree
-from bench.scale_job import PER_NODE, Job, Tree, faults
+from bench.scale_health import health_plan, write_health_rank
+from bench.scale_tree import PER_NODE, Job, Tree, faults
+from launcher import run_files
 from launcher.hang.collectives import ranges
-from launcher.host.first_failure import LINES_SHOWN
 from launcher.host.preflight import knob_names
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = (8, 64, 512, 4_096, 16_384)
-# Issue 47's limits: seconds at 4,096 ranks, and memory of any step at 16,384.
-LIMITS_S = {"health report": 5.0, "hang report": 15.0, "first-failure report": 3.0, "dry run": 2.0}
-LIMIT_AT, MEMORY_AT, MEMORY_LIMIT = 4_096, 16_384, 2 << 30
+# Issue 47's limits: seconds at 4,096 ranks. The dry run's 2 s holds the launch, which does all it does and writes the
+# launch plan.
+LIMITS_S = {"health report": 5.0, "hang report": 15.0, "launch plan written": 2.0}
+LIMIT_AT = 4_096
 HOST = [sys.executable, "-S", str(REPO / "bench" / "scale_host.py")]
 RECIPE = REPO / "recipes" / "llama3_8b_pretrain.py"
 HEALTH_END_S = 0.5  # how long the check's launch takes to end after its ranks finished
@@ -84,104 +71,81 @@ class World:
     job: Job
     args: argparse.Namespace
 
-    @property
-    def bin(self) -> Path:
-        return self.tree.root / "bin"
-
     def env(self, slurm: bool = False) -> dict[str, str]:
         """This process's environment without SLURM's, srun.sh's and torch's launch variables (and the knobs' old
         names); the stand-ins first on PATH; with SLURM: inside an allocation of the job's nodes."""
-        old = {name.removeprefix("SRUNSH_") for name in knob_names()}
-        env = {
-            name: value
-            for name, value in os.environ.items()
-            if not name.startswith(("SLURM_", "SRUNSH_")) and name not in old | {"MASTER_ADDR", "MASTER_PORT"}
-        }
-        env |= {"PATH": f"{self.bin}:{env.get('PATH', '')}", "SLURM_CONF": str(self.tree.root / "slurm.conf")}
+        old = {name.removeprefix("SRUNSH_") for name in knob_names()} | {"MASTER_ADDR", "MASTER_PORT"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUNSH_")) and k not in old}
+        root, nodes = self.tree.root, self.job.nodes
+        env |= {"PATH": f"{root / 'bin'}:{env.get('PATH', '')}", "SLURM_CONF": str(root / "slurm.conf")}
         if slurm:
-            nodes = self.job.nodes
             env |= {"SLURM_JOB_ID": scale_tree.JOB_ID, "SLURM_JOB_NODELIST": self.job.node_list}
             env |= {"SLURM_JOB_NUM_NODES": str(nodes), "SLURM_NNODES": str(nodes), "SLURM_GPUS_PER_NODE": "8"}
             env |= {"SLURM_JOB_CPUS_PER_NODE": f"96(x{nodes})", "MASTER_ADDR": "10.0.0.1"}
-            env |= {"SRUNSH_SQSH": str(self.tree.root / "image.sqsh"), "SRUNSH_OUTPUT_ROOT": str(self.outputs)}
-            env |= {"SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,{self.tree.root}:{self.tree.root}"}
+            env |= {"SRUNSH_SQSH": str(root / "image.sqsh"), "SRUNSH_OUTPUT_ROOT": str(root / "outputs")}
+            env |= {"SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,{root}:{root}"}
         return env
 
-    @property
-    def outputs(self) -> Path:
-        return self.tree.root / "outputs"
+    def run(self, *command: str, slurm: bool = False) -> Ran:
+        """COMMAND, timed, with its peak memory, under a memory limit (bench/scale_host.py's measure), less the
+        seconds it wrote to $SCALE_SPENT as not its own; killed, with everything it started, past --step-timeout."""
+        limit = str(int(self.args.memory_limit_gb * 2**30))
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as temp:
+            measured, spent = Path(temp) / "measured.json", Path(temp) / "spent.json"
+            spawner = [*HOST, "measure", str(measured), limit, "--", *command]
+            env = self.env(slurm) | {"SCALE_SPENT": str(spent)}
+            process = subprocess.Popen(
+                spawner, stdout=out, stderr=err, env=env, cwd=self.tree.root, start_new_session=True
+            )
+            try:
+                process.wait(timeout=self.args.step_timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            said = []
+            for file in (out, err):
+                file.seek(0)
+                said.append(file.read().decode(errors="replace"))
+            result = json.loads(read(measured) or '{"status": -9, "seconds": 0, "peak_bytes": 0, "cpu_seconds": 0}')
+            aside = json.loads(read(spent) or "0.0")
+        seconds, peak, cpu = result["seconds"] - aside, result["peak_bytes"], result["cpu_seconds"]
+        return Ran(result["status"], seconds, peak, *said, cpu_seconds=cpu, set_aside_s=aside)
 
 
 def write_stand_ins(world: World) -> None:
     """scancel (the ranks answer), scontrol (`show config` as a controller answers it; the rest SLURM's own), srun
     (the ranks end at once), and what srun.sh's allocation needs: a SLURM configuration and an image."""
-    world.bin.mkdir(parents=True)
-    real = shutil.which("scontrol") or "/usr/bin/scontrol"
-    host = " ".join(HOST)
+    root, tree = world.tree.root, world.tree
+    (root / "bin").mkdir(parents=True)
+    real, host = shutil.which("scontrol") or "/usr/bin/scontrol", " ".join(HOST)
     stand_ins = {
-        "scancel": f"exec {host} answer {world.tree.staged_answers} {world.tree.run_dir / 'hang'}\n",
+        "scancel": f"exec {host} answer {tree.staged_answers} {tree.run_dir / 'hang'}\n",
         "scontrol": (
             'if [ "$1 $2" = "show config" ]; then\n'
-            f"  printf 'KillWait = 30 sec\\nPlugStackConfig = {world.tree.root}/plugstack.conf\\n'\n"
-            "  exit 0\nfi\n"
-            f'exec {real} "$@"\n'
+            f"  printf 'KillWait = 30 sec\\nPlugStackConfig = {root}/plugstack.conf\\n'\n"
+            f'  exit 0\nfi\nexec {real} "$@"\n'
         ),
         "srun": "exit 0\n",
     }
     for name, body in stand_ins.items():
-        path = world.bin / name
-        path.write_text(f"#!/bin/sh\n# bench/bench_scale.py's stand-in {name}\n{body}")
-        path.chmod(0o755)
-    (world.tree.root / "slurm.conf").write_text("ClusterName=bench\nSlurmctldHost=localhost\n")
-    (world.tree.root / "plugstack.conf").write_text("required /usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so\n")
-    (world.tree.root / "image.sqsh").write_bytes(b"hsqs" + bytes(60))
+        (root / "bin" / name).write_text(f"#!/bin/sh\n# bench/bench_scale.py's stand-in {name}\n{body}")
+        (root / "bin" / name).chmod(0o755)
+    (root / "slurm.conf").write_text("ClusterName=bench\nSlurmctldHost=localhost\n")
+    (root / "plugstack.conf").write_text("required /usr/lib/x86_64-linux-gnu/slurm/spank_pyxis.so\n")
+    (root / "image.sqsh").write_bytes(b"hsqs" + bytes(60))
 
 
-def run_measured(command: list[str], env: dict[str, str], cwd: Path, args: argparse.Namespace) -> Ran:
-    """COMMAND, timed, with its peak memory, under a memory limit (bench/scale_host.py's measure); killed, with
-    everything it started, past --step-timeout."""
-    limit = str(int(args.memory_limit_gb * 2**30))
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as folder:
-        measured = Path(folder) / "measured.json"
-        spawner = [*HOST, "measure", str(measured), limit, "--", *command]
-        process = subprocess.Popen(spawner, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
-        try:
-            process.wait(timeout=args.step_timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = (file.read().decode(errors="replace") for file in (out, err))
-        result = json.loads(read(measured) or '{"status": -9, "seconds": 0, "peak_bytes": 0, "cpu_seconds": 0}')
-    return Ran(result["status"], result["seconds"], result["peak_bytes"], stdout, stderr, result["cpu_seconds"])
-
-
-def set_aside(ran: Ran, path: Path) -> Ran:
-    """RAN less the seconds its step wrote to PATH as not its own."""
-    ran.set_aside_s = json.loads(path.read_text()) if path.exists() else 0.0
-    ran.seconds -= ran.set_aside_s
-    return ran
-
-
-# ---- the steps and their verdicts -------------------------------------------------------------------------------
-def health_step(world: World) -> Ran:
-    tree, job = world.tree, world.job
-    spent = tree.root / "health-spent.json"
-    launch = [*HOST, "health-launch", str(tree.staged_health), str(tree.run_dir / "health"), str(HEALTH_END_S)]
-    command = [*HOST, "health-report", str(spent), "--", str(tree.run_dir), "--timeout", "60", "--nodes"]
-    command += [",".join(job.hosts), "--ranks-per-node", str(PER_NODE), "--", *launch]
-    return set_aside(run_measured(command, world.env(), tree.root, world.args), spent)
-
-
-def health_verdict(world: World, ran: Ran) -> str:
+# ---- the steps, each run and judged -----------------------------------------------------------------------------
+def health_report(world: World) -> tuple[Ran, str]:
     """The one slow node, named as docs/health.md says: its reasons with the fix, the verdict line, failed-nodes."""
-    job, run_dir = world.job, world.tree.run_dir
-    host = job.slow_host
+    tree, job, host = world.tree, world.job, world.job.slow_host
+    launch = [*HOST, "health-launch", str(tree.staged_health), str(tree.run_dir / "health"), str(HEALTH_END_S)]
+    ran = world.run(*HOST, "health-report", "--", str(tree.run_dir), "--timeout", "60", "--nodes", ",".join(job.hosts),
+                    "--ranks-per-node", str(PER_NODE), "--", *launch)  # fmt: skip
     lines = ran.stdout.splitlines()
     verdict = f"srun.sh: health check failed on 1 of {job.nodes} node(s): {host} (salloc/sbatch --exclude={host});"
-    problems = expect(ran.status, 1, "exit status") + expect(lines[-1:], [f"{verdict} {run_dir}/health.json"], "end")
-    problems += expect(read(run_dir / "health" / "failed-nodes"), f"{host}\n", "failed-nodes")
+    problems = expect(ran.status, 1, "exit status") + expect(lines[-1:], [f"{verdict} {tree.run_dir}/health.json"])
+    problems += expect(read(tree.run_dir / "health" / "failed-nodes"), f"{host}\n", "failed-nodes")
     fix = rf"srun\.sh: {host}: (.*): exclude it: --exclude={host}"
     reasons = [found.group(1) for line in lines if (found := re.fullmatch(fix, line))]
     if job.link_fault:
@@ -192,32 +156,24 @@ def health_verdict(world: World, ran: Ran) -> str:
         wanted = [rf"rank {job.slow_gpu}: bf16 matmul [\d.]+ is 23% below the median [\d.]+"]
     if len(reasons) != len(wanted) or not all(map(re.fullmatch, wanted, reasons)):
         problems += f"reasons {reasons}, not {wanted}; "
-    return problems
+    return ran, problems
 
 
-def hang_step(world: World) -> Ran:
-    tree, job = world.tree, world.job
-    spent = tree.root / "hang-spent.json"
-    command = [*HOST, "hang-report", str(spent), str(world.args.answer_wait_s), "--", str(tree.run_dir), "--why"]
-    command += [scale_tree.why(job), "--world-size", str(job.ranks), "--nodes", ",".join(job.hosts)]
-    command += ["--ranks-per-node", str(PER_NODE), "--step", scale_tree.STEP, "--stalled"]
-    return set_aside(run_measured(command, world.env(), tree.root, world.args), spent)
-
-
-def hang_verdict(world: World, ran: Ran) -> str:
+def hang_report(world: World) -> tuple[Ran, str]:
     """The console's three lines and the report's "not in it" lines, as tests/test_hang_report.py words them."""
-    job, path = world.job, world.tree.run_dir / "hang-report.txt"
-    missing, silent = job.missing, job.silent
-    node = job.host(silent)
+    tree, job, path = world.tree, world.job, world.tree.run_dir / "hang-report.txt"
+    ran = world.run(*HOST, "hang-report", str(world.args.answer_wait_s), "--", str(tree.run_dir), "--why",
+                    scale_tree.why(job), "--world-size", str(job.ranks), "--nodes", ",".join(job.hosts),
+                    "--ranks-per-node", str(PER_NODE), "--step", scale_tree.STEP, "--stalled")  # fmt: skip
+    missing, silent, node = job.missing, job.silent, job.host(job.silent)
     peers = [rank for rank in range(job.ranks) if job.host(rank) == node and rank != silent]
     waiting = ranges(rank for rank in range(job.ranks) if rank not in (missing, silent))
-    seq = 2 * (scale_tree.LAST_STEP + 1)
     said = f"{'rank' if len(peers) == 1 else 'ranks'} {ranges(peers)} on it answered"
     console = [
         f"srun.sh: hang report ({scale_tree.why(job)}): 1 rank(s) did not answer: rank {silent} on {node}"
         f" (pid {4000 + silent}): no answer from node {node} ({said})",
-        f"srun.sh:   ranks {waiting} wait in nccl:all_reduce #{seq} of process group 0 (default_pg, ranks"
-        f" 0-{job.ranks - 1}); 2 rank(s) not in it",
+        f"srun.sh:   ranks {waiting} wait in nccl:all_reduce #{2 * (scale_tree.LAST_STEP + 1)} of process group 0"
+        f" (default_pg, ranks 0-{job.ranks - 1}); 2 rank(s) not in it",
         f"srun.sh:   every rank's top frames and torch's analysis: {path}",
     ]
     outside = {
@@ -225,68 +181,22 @@ def hang_verdict(world: World, ran: Ran) -> str:
         f" {scale_tree.LAST_STEP}: at {scale_tree.MISSING_AT}",
         silent: f"    not in it: rank {silent} on {node} (pid {4000 + silent}): no answer",
     }
-    text = read(path).splitlines()
-    found = [line for line in text if line.startswith("    not in it: ")]
-    return expect(ran.stderr.splitlines(), console, "console") + expect(found, [outside[r] for r in sorted(outside)])
+    found = [line for line in read(path).splitlines() if line.startswith("    not in it: ")]
+    problems = expect(ran.stderr.splitlines(), console, "console")
+    return ran, problems + expect(found, [outside[rank] for rank in sorted(outside)])
 
 
-def failure_step(world: World) -> Ran:
-    scale_tree.write_statuses(world.tree.run_dir, world.job)
-    command = [*HOST, "first-failure", str(world.tree.run_dir)]
-    return run_measured(command, world.env(), world.tree.root, world.args)
+def launch_plan_written(world: World) -> tuple[Ran, str]:
+    ran = world.run(str(REPO / "srun.sh"), str(RECIPE), "train.train_iters=1000", slurm=True)
+    plans = list((world.tree.root / "outputs" / RECIPE.stem).glob("*/launch-plan.json"))
+    hosts = json.loads(read(plans[0]) if len(plans) == 1 else "{}").get("hosts")
+    return ran, expect(ran.status, 0, "exit status") + expect(hosts, world.job.hosts, "the plan's hosts")
 
 
-def failure_verdict(world: World, ran: Ran) -> str:
-    job, logs = world.job, world.tree.run_dir / "logs"
-    log = logs / f"rank-{job.failed}.log"
-    head = f"srun.sh: rank {job.failed} on {job.host(job.failed)} failed first, with exit status 1; the end of {log}:"
-    tail = [f"    {line}" for line in read(log).splitlines()[-LINES_SHOWN:]]
-    return expect(ran.status, 1, "exit status") + expect(ran.stderr.splitlines(), [head, *tail], "console")
-
-
-def dry_run_step(world: World) -> Ran:
-    command = [str(REPO / "srun.sh"), "--dry-run", str(RECIPE), "train.train_iters=1000"]
-    return run_measured(command, world.env(slurm=True), world.tree.root, world.args)
-
-
-def dry_run_verdict(world: World, ran: Ran) -> str:
-    job = world.job
-    srun = [line for line in ran.stdout.splitlines() if line.startswith("srun ")]
-    wanted = f"srun --nodes={job.nodes} --ntasks={job.ranks} --ntasks-per-node={PER_NODE} "
-    problems = expect(ran.status, 0, "exit status") + expect(len(srun), 1, "srun lines")
-    return problems + ("" if srun and srun[0].startswith(wanted) else f"srun line {srun}, not {wanted}...; ")
-
-
-def launch_step(world: World) -> Ran:
-    command = [str(REPO / "srun.sh"), str(RECIPE), "train.train_iters=1000"]
-    return run_measured(command, world.env(slurm=True), world.tree.root, world.args)
-
-
-def plan_path(world: World) -> Path:
-    plans = list((world.outputs / RECIPE.stem).glob("*/launch-plan.json"))
-    return plans[0] if len(plans) == 1 else world.outputs / "no launch plan"
-
-
-def launch_verdict(world: World, ran: Ran) -> str:
-    hosts = json.loads(read(plan_path(world)) or "{}").get("hosts")
-    return expect(ran.status, 0, "exit status") + expect(hosts, world.job.hosts, "the plan's hosts")
-
-
-def plan_step(world: World) -> Ran:
-    return run_measured([*HOST, "read-plan", str(plan_path(world))], world.env(), world.tree.root, world.args)
-
-
-def plan_verdict(world: World, ran: Ran) -> str:
-    return expect(ran.stdout, f"{world.job.nodes} node(s) x {PER_NODE} rank(s)\n", "plan")
-
-
-STEPS: dict[str, tuple[Callable[[World], Ran], Callable[[World, Ran], str]]] = {
-    "health report": (health_step, health_verdict),
-    "hang report": (hang_step, hang_verdict),
-    "first-failure report": (failure_step, failure_verdict),
-    "dry run": (dry_run_step, dry_run_verdict),
-    "launch plan written": (launch_step, launch_verdict),
-    "launch plan read": (plan_step, plan_verdict),
+STEPS: dict[str, Callable[[World], tuple[Ran, str]]] = {
+    "health report": health_report,
+    "hang report": hang_report,
+    "launch plan written": launch_plan_written,
 }
 
 
@@ -310,15 +220,30 @@ def read(path: Path) -> str:
 
 
 def disk_bytes(root: Path) -> int:
-    """What ROOT takes on disk, each file once however many links it has."""
-    seen, total = set(), 0
-    for folder, _, files in os.walk(root):
-        for name in files:
-            info = os.lstat(os.path.join(folder, name))
-            if (info.st_dev, info.st_ino) not in seen:
-                seen.add((info.st_dev, info.st_ino))
-                total += info.st_blocks * 512
-    return total
+    """What ROOT takes on disk, each file once however many links it has (du's count)."""
+    return int(
+        subprocess.run(["du", "-s", "-B1", str(root)], capture_output=True, text=True, check=True).stdout.split()[0]
+    )
+
+
+def write_ranks(arguments: tuple[Tree, Job, range, list]) -> None:
+    """One worker's share of the ranks: their hang records and their health records."""
+    tree, job, ranks, plan = arguments
+    for rank in ranks:
+        scale_tree.write_hang_rank(tree, job, rank)
+        write_health_rank(tree.staged_health, job, rank, plan)
+
+
+def build(tree: Tree, job: Job) -> None:
+    """Every record of the job, the ranks shared among as many processes as there are CPUs."""
+    for folder in (tree.run_dir / run_files.HANG / "fr", tree.staged_answers / "fr", tree.staged_health):
+        folder.mkdir(parents=True, exist_ok=True)
+    scale_tree.write_progress(tree.run_dir, job)
+    plan, size = health_plan(job), -(-job.ranks // (4 * (os.cpu_count() or 1)))
+    work = [(tree, job, range(start, min(start + size, job.ranks)), plan) for start in range(0, job.ranks, size)]
+    with Pool(os.cpu_count()) as pool:
+        for _ in pool.imap_unordered(write_ranks, work):
+            pass
 
 
 def measure(job: Job, args: argparse.Namespace) -> dict:
@@ -329,12 +254,12 @@ def measure(job: Job, args: argparse.Namespace) -> dict:
     try:
         started = time.monotonic()
         write_stand_ins(world)
-        scale_tree.build(world.tree, job)
+        build(world.tree, job)
         result = {"ranks": ranks, "nodes": job.nodes, "build_s": round(time.monotonic() - started, 1)}
         result |= {"disk_mb": round(disk_bytes(root) / 2**20), "faults": dataclasses.asdict(job), "steps": {}}
-        for name, (step, verdict) in STEPS.items():
-            ran = step(world)
-            wrong = verdict(world, ran) or ("" if ran.status in (0, 1) else f"exit status {ran.status}; ")
+        for name, step in STEPS.items():
+            ran, wrong = step(world)
+            wrong = wrong or ("" if ran.status in (0, 1) else f"exit status {ran.status}; ")
             result["steps"][name] = {
                 "seconds": round(ran.seconds, 3), "cpu_s": round(ran.cpu_seconds, 3),
                 "set_aside_s": round(ran.set_aside_s, 2),
@@ -349,18 +274,15 @@ def measure(job: Job, args: argparse.Namespace) -> dict:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def exponent(first: dict, second: dict, name: str, figure: str = "seconds") -> float | None:
-    """log(t2/t1) / log(N2/N1) of a step's seconds (or CPU seconds, "cpu_s") between two sizes."""
-    t1, t2 = first["steps"][name][figure], second["steps"][name][figure]
-    if t1 <= 0 or t2 <= 0:
-        return None
-    return round(math.log(t2 / t1) / math.log(second["ranks"] / first["ranks"]), 2)
-
-
 def growth(sizes: list[dict], figure: str = "seconds") -> dict[str, dict[str, float | None]]:
-    """Each step's exponent of FIGURE between each pair of consecutive sizes measured, "N1-N2": exponent."""
-    pairs = list(itertools.pairwise(sizes))
-    return {name: {f"{a['ranks']}-{b['ranks']}": exponent(a, b, name, figure) for a, b in pairs} for name in STEPS}
+    """Each step's growth exponent of FIGURE (seconds, or CPU seconds: "cpu_s") between consecutive sizes,
+    log(t2/t1) / log(N2/N1): {step: {"N1-N2": exponent}}."""
+    found: dict[str, dict[str, float | None]] = {name: {} for name in STEPS}
+    for name, (a, b) in itertools.product(STEPS, itertools.pairwise(sizes)):
+        t1, t2 = a["steps"][name][figure], b["steps"][name][figure]
+        exponent = math.log(t2 / t1) / math.log(b["ranks"] / a["ranks"]) if t1 > 0 and t2 > 0 else None
+        found[name][f"{a['ranks']}-{b['ranks']}"] = None if exponent is None else round(exponent, 2)
+    return found
 
 
 def markdown(result: dict) -> str:
@@ -379,9 +301,8 @@ def markdown(result: dict) -> str:
             cells.append(f"{step['seconds']:.2f} s ({step['cpu_s']:.2f} s CPU), {step['peak_mb']:.0f} MB{wrong}")
         limit = LIMITS_S.get(name)
         lines.append(report.row([name, *cells, f"{limit:g} s" if limit else None]))
-    lines.append(
-        report.row(["tree: build, disk", *(f"{s['build_s']:.0f} s, {s['disk_mb']:,} MB" for s in sizes), None])
-    )
+    built = [f"{size['build_s']:.0f} s, {size['disk_mb']:,} MB" for size in sizes]
+    lines.append(report.row(["tree: build, disk", *built, None]))
     pairs = list(itertools.pairwise(sizes))
     growths = (("seconds", "growth"), ("CPU seconds (other work on the machine does not inflate them)", "cpu_growth"))
     for figure, key in growths if pairs else ():

@@ -1,28 +1,16 @@
-"""Start-up time: seconds from the launch command to the first logged training step, for our launch (A: srun.sh
---local) and the upstream launch (B: torchrun + bench/upstream_pretrain.py) on the same recipe and overrides, and where
-those seconds go. Goal (issue 48): A's time to the first step at most 0.80x B's (the median over the rounds), and
-below 0.90x in every round.
-
-Every console line is timed as it arrives. The breakdown comes from lines both launches print (MARKERS). Rounds run
-A B, then B A; --warmup runs uncounted pairs first, since each launcher keeps kernel caches of its own (srun.sh's
-ranks in SRUNSH_COMPILE_CACHE, /var/tmp by default; torch's in /tmp). --cold-caches gives every launch empty Triton and
-TorchInductor caches instead, as a rank in a fresh container started with before SRUNSH_COMPILE_CACHE (and with it
-off): what compiling Megatron's fused kernels again costs each launch.
---imports runs every launch with PYTHONPROFILEIMPORTTIME=1 and says what each imported in each phase: where an import
-that waits in one launch is paid for later (its times then include importtime's own cost). Each result also says how
-many of the stack's modules have their bytecode cached: the image's all have (pip compiles them as it installs), and a
-host where they have not compiles them from source at every start, which costs ours less than upstream's, since ours
-imports fewer (`python -m compileall -q -j 0 SITE_PACKAGES` makes such a host's numbers the image's).
-Writes DIR/startup-CASE[-cold][-imports].{md,json} after every launch.
+"""Start-up A/B: seconds from the launch command to the first logged training step, and to each point before it (lines
+both launches print: MARKERS), for our launch (A: srun.sh --local) and the upstream one (B: torchrun running
+bench/upstream_pretrain.py) on the same recipe and overrides; rounds A B, then B A, after --warmup uncounted pairs.
+bench/README.md says what the arms differ in, what --cold-caches and the bytecode count are for, and issue 48's goal.
+Writes DIR/startup-CASE[-cold].{md,json} after every launch.
 """
 
 import importlib.util
 import re
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
-from bench import bench_imports, launches, megatron_log, report
+from bench import launches, report
 
 # The first console line that marks each point, in the order they come. Megatron Bridge 0.6.2 prints them on rank 0
 # (training/initialize.py, training/setup.py: barrier_and_log), the iteration line on the last rank.
@@ -34,7 +22,7 @@ MARKERS = {
     "megatron initialized": re.compile(r"\[after megatron is initialized\]"),
     "model built": re.compile(r"\[after model, optimizer, and learning rate scheduler are built\]"),
     "data built": re.compile(r"\[after dataloaders are built\]"),
-    "first step": megatron_log.ITERATION,
+    "first step": launches.ITERATION,
 }
 GOAL = {"median": 0.8, "every round": 0.9}  # A/B time to first step
 # Where the seconds go: (what, from marker, to marker); None is the launch command's start.
@@ -48,22 +36,17 @@ PHASES = (
     ("training loop set-up and the first step", "data built", "first step"),
     ("launch to first step", None, "first step"),
 )
-# --imports: the phases one after another (not the sub-phase or the total), each with the marker that ends it
-STRETCHES = (*((what, end) for what, _, end in PHASES[:-1] if not what.startswith(" ")), ("after the first step", None))
-LARGEST = 3  # packages named for each phase
 STACK = ("torch", "megatron", "transformer_engine", "transformers", "modelopt")  # their bytecode is counted
-LLAMA = "recipes/llama3_8b_h200_fp8cs_pretrain.py"
-TINY = "recipes/tiny_gpt_pretrain.py"
 STEPS = "train.train_iters=3"
 
 
 def case_command(case: str, gpus: int, layers: int | None) -> tuple[str, tuple[str, ...]]:
     """Recipe and overrides. The Llama 3 8B shape keeps 4 of its 32 layers on one GPU (all 32 do not fit there)."""
     if case == "tiny":
-        return TINY, (STEPS, *launches.MEASURED)
+        return launches.TINY, (STEPS, *launches.MEASURED)
     layers = layers or (4 if gpus == 1 else None)
     shape = (f"model.num_layers={layers}",) if layers else ()
-    return LLAMA, (STEPS, "train.global_batch_size=16", *shape, *launches.MEASURED)
+    return launches.LLAMA_FP8, (STEPS, "train.global_batch_size=16", *shape, *launches.MEASURED)
 
 
 def marks(lines: list[tuple[float, str]]) -> dict[str, float | None]:
@@ -77,49 +60,6 @@ def phase_seconds(mark: dict[str, float | None]) -> dict[str, float | None]:
         begin = 0.0 if start is None else mark.get(start)
         seconds[what] = round(mark[end] - begin, 2) if mark.get(end) is not None and begin is not None else None
     return seconds
-
-
-def imports_by_phase(lines: list[tuple[float, str]]) -> dict[str, dict]:
-    """--imports: the modules importtime reports in each of STRETCHES (by line order: a marker's line starts the next
-    one), their count and importtime's own seconds, summed by bench_imports' groups."""
-    found = {what: {"modules": 0, "seconds": defaultdict(float)} for what, _ in STRETCHES}
-    stretch = 0
-    for _, text in lines:
-        end = STRETCHES[stretch][1]
-        if end is not None and MARKERS[end].search(text):
-            stretch += 1
-        elif module := bench_imports.IMPORTTIME.search(text):
-            phase = found[STRETCHES[stretch][0]]
-            phase["modules"] += 1
-            phase["seconds"][bench_imports.group(module[2])] += int(module[1]) / 1e6
-    return found
-
-
-def imports_mean(runs: list[dict], launch: str, what: str) -> tuple[float, float, dict[str, float]]:
-    """Modules, seconds and seconds by group in one phase: the mean over LAUNCH's counted runs."""
-    counted = [r["imports"][what] for r in runs if r["launch"] == launch and r["round"] is not None and r["imports"]]
-    groups: dict[str, float] = defaultdict(float)
-    for phase in counted:
-        for name, seconds in phase["seconds"].items():
-            groups[name] += seconds / len(counted)
-    modules = sum(phase["modules"] for phase in counted) / len(counted) if counted else 0.0
-    return modules, sum(groups.values()), groups
-
-
-def imports_table(runs: list[dict]) -> list[str]:
-    lines = ["What each launch imported in each phase (PYTHONPROFILEIMPORTTIME: modules, and importtime's own seconds,"]
-    lines += ["mean over the counted runs; importtime's cost is in every time above):", ""]
-    lines += report.table(("phase", "A modules", "A s", "B modules", "B s", "A's largest", "B's largest"))
-    for what, _ in STRETCHES:
-        cells: list[object] = [what]
-        largest = []
-        for launch in ("A", "B"):
-            modules, seconds, groups = imports_mean(runs, launch, what)
-            cells += [round(modules), round(seconds, 2)]
-            top = sorted(groups.items(), key=lambda item: -item[1])[:LARGEST]
-            largest.append(", ".join(f"{name} {spent:.2f}" for name, spent in top if spent >= 0.01) or "-")
-        lines.append(report.row([*cells, *largest]))
-    return lines
 
 
 def breakdown(runs: list[dict]) -> dict[str, dict[str, float | None]]:
@@ -192,8 +132,6 @@ def markdown(result: dict) -> str:
     for what, medians in result["breakdown"].items():
         a, b = medians["A"], medians["B"]
         lines.append(report.row([what, a, b, round(a - b, 2) if a is not None and b is not None else None]))
-    if result.get("imports"):
-        lines += ["", *imports_table(result["runs"])]
     lines += ["", *(f"- {launch}: `{' '.join(command)}`" for launch, command in result["commands"].items())]
     return "\n".join(lines) + "\n"
 
@@ -209,35 +147,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cold-caches", action="store_true", help="every launch starts with empty Triton and TorchInductor caches"
     )
-    parser.add_argument(
-        "--imports",
-        action="store_true",
-        help="every launch under PYTHONPROFILEIMPORTTIME=1: what each imported in each phase (slower launches)",
-    )
     args = parser.parse_args(argv)
     launches.stop_on_sigterm()
     recipe, overrides = case_command(args.case, args.gpus, args.layers)
     commands = {"A": launches.ours(recipe, *overrides), "B": launches.upstream(recipe, *overrides, gpus=args.gpus)}
     result = {**launches.result_header(args.case, args.gpus, commands), "goal": GOAL, "runs": []}
-    result["cold_caches"], result["imports"] = args.cold_caches, args.imports
+    result["cold_caches"] = args.cold_caches
     result["bytecode"] = bytecode_cached()
-    name = f"startup-{args.case}" + ("-cold" if args.cold_caches else "") + ("-imports" if args.imports else "")
+    name = f"startup-{args.case}" + ("-cold" if args.cold_caches else "")
     prefix, runs_dir = args.out / name, args.out / f"{name}-runs"
     order = [(None, launch) for _ in range(args.warmup) for launch in "AB"] + launches.ab_rounds(args.rounds)
     launches.fix_dataset_helpers()
     for index, (round_index, launch) in enumerate(order):
         run_dir = runs_dir / f"{index}-{launch}"
         env = {"SRUNSH_GPUS_PER_NODE": str(args.gpus)} | (cold_caches(run_dir) if args.cold_caches else {})
-        env |= {"PYTHONPROFILEIMPORTTIME": "1"} if args.imports else {}
         finished = launches.run(result["commands"][launch], run_dir, args.timeout, env)
         mark = marks(finished.lines)
         row = {"round": round_index, "launch": launch, "returncode": finished.returncode, "wall_s": finished.wall_s}
         row["left_behind"] = finished.left_behind
-        row["imports"] = imports_by_phase(finished.lines) if args.imports else {}
         result["runs"].append(row | {"marks": mark, "phases": phase_seconds(mark), "first_step_s": mark["first step"]})
         result["first_step_a_over_b"] = launches.per_round(result["runs"], "first_step_s")
         result["breakdown"] = breakdown(result["runs"])
-        print({k: v for k, v in result["runs"][-1].items() if k not in ("phases", "imports")}, flush=True)
+        print({k: v for k, v in result["runs"][-1].items() if k != "phases"}, flush=True)
         table = report.write(prefix, result, markdown)
     print(table)
 

@@ -8,6 +8,7 @@ import contextlib
 import math
 import os
 import queue
+import re
 import signal
 import statistics
 import subprocess
@@ -25,34 +26,33 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from bench import report
 
 REPO = Path(__file__).resolve().parents[1]
-# APEX is not installed; without it Megatron refuses to build the output layer with the fusion on, and the upstream
-# launch does not turn it off by itself (entrypoint.py does).
-NO_FUSION = "model.gradient_accumulation_fusion=false"
+TINY = "recipes/tiny_gpt_pretrain.py"
+LLAMA_FP8 = "recipes/llama3_8b_h200_fp8cs_pretrain.py"
 # Every step's time, model TFLOP/s and memory into TensorBoard; no validation (its steps are not training steps).
+# APEX is not installed; without it Megatron refuses to build the output layer with the gradient accumulation fusion
+# on, and the upstream launch does not turn it off by itself (entrypoint.py does).
 MEASURED = (
     "logger.log_interval=1",
     "logger.log_timers_to_tensorboard=true",
     "logger.log_throughput_to_tensorboard=true",
     "logger.log_memory_to_tensorboard=true",
     "validation.eval_iters=0",
-    NO_FUSION,
+    "model.gradient_accumulation_fusion=false",
 )
-# TensorBoard tags Megatron Bridge 0.6.2 writes with MEASURED (training/utils/train_utils.py, training_log).
-STEP_TIME_S = "iteration-time"
-TFLOPS_PER_GPU = "throughput/tflops/device"
-PEAK_ALLOCATED_GB = "memory/mem-max-allocated-gigabytes"
+STEP_TIME_S = "iteration-time"  # a TensorBoard tag Megatron Bridge 0.6.2 writes with MEASURED (training_log)
 PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine")  # in every result
+# Megatron Bridge's console line for each logged step (on its last rank): "[YYYY-MM-DD HH:MM:SS] iteration N/ M | ...
+# elapsed time per iteration (ms): T | ...".
+ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
 
 
 def ours(recipe: str, *overrides: str) -> list[str]:
     return [str(REPO / "srun.sh"), "--local", str(REPO / recipe), *overrides]
 
 
-def upstream(recipe: str, *overrides: str, gpus: int, port: int = 29500, plugin: bool = False) -> list[str]:
-    """B; with plugin=True, B plus our VizTracer plugin and nothing else of ours."""
-    script = [str(REPO / "bench" / "upstream_pretrain.py"), *(["--viztracer-plugin"] if plugin else [])]
+def upstream(recipe: str, *overrides: str, gpus: int, port: int = 29500) -> list[str]:
     run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", f"--master-port={port}"]
-    return [*run, *script, str(REPO / recipe), *overrides]
+    return [*run, str(REPO / "bench" / "upstream_pretrain.py"), str(REPO / recipe), *overrides]
 
 
 def ab_rounds(rounds: int) -> list[tuple[int, str]]:
@@ -67,9 +67,8 @@ def per_round(runs: list[dict], key: str, over: tuple[str, str] = ("A", "B")) ->
         if row.get(key) and row["round"] is not None:
             by_round.setdefault(row["round"], {})[row["launch"]] = row[key]
     top, bottom = over
-    return [
-        round(pair[top] / pair[bottom], 4) for _, pair in sorted(by_round.items()) if top in pair and bottom in pair
-    ]
+    pairs = [pair for _, pair in sorted(by_round.items()) if top in pair and bottom in pair]
+    return [round(pair[top] / pair[bottom], 4) for pair in pairs]
 
 
 def spread(ratios: list[float]) -> str:
@@ -93,10 +92,10 @@ class Launch:
     def __init__(self, command: list[str], directory: Path, env: dict[str, str] | None = None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        # Unbuffered, so that each line arrives when it is printed; every launch gets the same environment.
+        # Unbuffered, so that each line arrives when it is printed; every process of the launch inherits its root.
         environment = {**os.environ, "SRUNSH_OUTPUT_ROOT": str(directory / "outputs"), "PYTHONUNBUFFERED": "1"}
         environment |= env or {}
-        self.output_root = environment["SRUNSH_OUTPUT_ROOT"]  # every process of the launch inherits it
+        self.output_root = environment["SRUNSH_OUTPUT_ROOT"]
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             command,
@@ -109,19 +108,22 @@ class Launch:
             start_new_session=True,
         )
         self.arrived: queue.SimpleQueue = queue.SimpleQueue()
-        arguments = (self.process.stdout, self.started, self.arrived)
-        threading.Thread(target=timed_lines, args=arguments, daemon=True).start()
+        threading.Thread(target=self.read, args=(self.process.stdout,), daemon=True).start()
         self.lines: list[tuple[float, str]] = []
-        self.output_closed = False
+        self.output_closed = self.terminated = False
         self.seen: dict[int, psutil.Process] = {}  # every process of its tree seen so far
-        self.terminated = False
+
+    def read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.arrived.put((round(time.monotonic() - self.started, 2), line))
+        self.arrived.put(None)
 
     def receive(self, timeout_s: float) -> str | None:
         """The next console line, waiting up to timeout_s for it; None when none came (or the output has closed)."""
         if self.output_closed:
             return None
         try:
-            line = self.arrived.get(timeout=max(0.0, timeout_s)) if timeout_s > 0 else self.arrived.get_nowait()
+            line = self.arrived.get(timeout=timeout_s) if timeout_s > 0 else self.arrived.get_nowait()
         except queue.Empty:
             return None
         if line is None:
@@ -170,24 +172,18 @@ class Launch:
 
     def reap_left_behind(self, grace_s: float = 5.0) -> list[str]:
         """The names of the launch's processes that still run grace_s after it ended, each then killed: one left
-        behind (a worker pool a rank started, say) would slow every launch after it, and the arm that follows most."""
-        names = started_by(self.output_root)
+        behind (a worker pool a rank started, say) would slow every launch after it, and the arm that follows most.
+        They are found by their SRUNSH_OUTPUT_ROOT, wherever they were re-parented: no other process has it."""
+        names = {}
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):  # gone, a zombie, or another user's
+                if process.pid != os.getpid() and process.environ().get("SRUNSH_OUTPUT_ROOT") == self.output_root:
+                    names[process] = process.name()
         _, alive = psutil.wait_procs(list(names), timeout=grace_s)
         for process in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         return sorted(names[process] for process in alive)
-
-
-def started_by(output_root: str) -> dict[psutil.Process, str]:
-    """Every process but this one whose environment has SRUNSH_OUTPUT_ROOT=output_root, with its name: a launch and
-    what it started, wherever they were re-parented; no other process has a launch's directory."""
-    found = {}
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):  # gone, a zombie, or another user's
-            if process.pid != os.getpid() and process.environ().get("SRUNSH_OUTPUT_ROOT") == output_root:
-                found[process] = process.name()
-    return found
 
 
 def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[str, str] | None = None) -> Finished:
@@ -214,15 +210,8 @@ def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[
     return Finished(returncode, wall_s, launch.lines, launch.reap_left_behind())
 
 
-def timed_lines(stream: IO[str], started: float, arrived: queue.SimpleQueue) -> None:
-    for line in stream:
-        arrived.put((round(time.monotonic() - started, 2), line))
-    arrived.put(None)
-
-
 def process_tree(root: int) -> list[psutil.Process]:
-    """root and every process below it: the ranks run in sessions of their own, which no process group of the
-    launcher holds."""
+    """root and every process below it (the ranks run in sessions of their own, out of the launcher's group)."""
     try:
         launcher = psutil.Process(root)
         return [launcher, *launcher.children(recursive=True)]
@@ -260,19 +249,16 @@ def values(found: dict, tag: str) -> dict[int, float]:
     return {step: value for step, (_, value) in found.get(tag, {}).items()}
 
 
-def hardware() -> str:
-    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
-    try:
-        gpus = subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip().splitlines()
-    except FileNotFoundError:
-        return "no nvidia-smi"
-    return f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU"
-
-
 def result_header(case: str, gpus: int, commands: dict[str, list[str]]) -> dict:
     """What every benchmark result starts with: the case, when, on what, with which versions, and the commands."""
+    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    try:
+        gpus_seen = subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip().splitlines()
+        hardware = f"{len(gpus_seen)} x {gpus_seen[0]}" if gpus_seen else "no GPU"
+    except FileNotFoundError:
+        hardware = "no nvidia-smi"
     versions = ", ".join(f"{package} {metadata.version(package)}" for package in PACKAGES)
-    header = {"case": case, "date": report.timestamp(), "hardware": hardware(), "gpus": gpus, "versions": versions}
+    header = {"case": case, "date": report.timestamp(), "hardware": hardware, "gpus": gpus, "versions": versions}
     return header | {"commands": commands}
 
 

@@ -1,15 +1,16 @@
-"""The health check's records of the simulated job (bench/scale_job.py), written by launcher/health/check.py's Record
-through every part of Check.run as a rank runs them: the GPU figures, the node, pair, retest and job-wide collectives,
-with 1% noise, and every pair of the slow node capped (on fewer than 3 nodes, one slow GPU instead)."""
+"""The health check's records of the simulated job (bench/scale_tree.py), written by launcher/health/check.py's Record
+with every result a rank's Check.run records: the GPU figures, the node, pair, retest and job-wide collectives, with 1%
+noise, and every pair of the slow node capped (on fewer than 3 nodes, one slow GPU instead)."""
 
 from __future__ import annotations
 
 import functools
 import math
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
-from bench.scale_job import PER_NODE, Job
+from bench.scale_tree import PER_NODE, Job
 from launcher.health import check
 
 GPU_FIGURES = {"matmul": 780.0, "hbm": 4.3}
@@ -72,15 +73,9 @@ def pair_figures(job: Job) -> dict[str, dict[tuple[int, int], float]]:
 
 
 @functools.cache
-def job_host_list(job: Job) -> list[str]:
-    """Every rank's host, as the check's start gathers them (one list a job, shared: not to be changed)."""
-    return [job.host(rank) for rank in range(job.ranks)]
-
-
-@functools.cache
 def job_nodes(job: Job) -> list[list[int]]:
-    """Each node's ranks, as check.py's node_ranks finds them (one list a job, shared: not to be changed)."""
-    return check.node_ranks(job_host_list(job))
+    """Each node's ranks, as check.py's node_ranks finds them from every rank's host (one list a job, shared)."""
+    return check.node_ranks([job.host(rank) for rank in range(job.ranks)])
 
 
 def health_plan(job: Job) -> list[list[tuple[int, str, tuple[int, int]]]]:
@@ -99,67 +94,36 @@ class StagedRecord(check.Record):
             super().write()
 
 
-def sit_out_or_measure(
-    record: check.Record,
-    job: Job,
-    rank: int,
-    prefix: str,
-    ranks: list[int] | None,
-    *,
-    extra: dict,
-    retest: bool = False,
-) -> None:
-    """Check.collectives on one rank: each op after the job-wide barrier, measured among `ranks` (None: sat out)."""
-    sizes, count = (check.GPU_SIZES[-1:], check.RETEST_SAMPLES) if retest else (check.GPU_SIZES, check.SAMPLES)
-    for op in ("all_reduce", "broadcast"):
-        record.enter(f"{prefix}.{op}", check.JOB, stage="barrier")
-        if ranks is None:
-            continue
-        recorded = check.recorded_group(ranks, job.ranks)
-        record.enter(f"{prefix}.{op}", recorded)
-        record.done(
-            {**extra, **link_rates(job, f"{prefix}.{op}", ranks, rank, sizes=sizes, count=count), "ranks": recorded}
-        )
+def measured_parts(job: Job, rank: int, plan: list) -> Iterator[tuple[str, list[int], dict, bool]]:
+    """The collective parts `rank` measures, in Check.run's order (it sits the others out): (prefix, ranks, what the
+    result adds, whether a retest)."""
+    nodes, mine = job_nodes(job), rank // PER_NODE
+    yield "node", nodes[mine], {}, False
+    for round_, partner in check.pair_rounds(job.nodes, mine):
+        if partner is not None:
+            extra = {"partner": job.host(nodes[partner][0])}
+            yield f"pair.{round_}", check.pair_ranks(nodes, mine, partner), extra, False
+    for index, step in enumerate(plan):  # Check.retests: this rank's part of each step of the plan
+        if own := next((m for m in step if mine in m[2]), None):
+            suspect, role, (a, b) = own
+            extra = {"suspect": job.hosts[suspect], "role": role, "pair": [job.hosts[a], job.hosts[b]]}
+            yield f"retest.{index}", check.pair_ranks(nodes, a, b), extra, True
+    if job.nodes > 1:
+        yield "job", list(range(job.ranks)), {}, False
 
 
 def write_health_rank(health: Path, job: Job, rank: int, plan: list) -> None:
-    """`rank`'s health record through every part of Check.run, written as check.py's Record writes it."""
+    """`rank`'s health record with every result Check.run records, written as check.py's Record writes it."""
     identity = {"rank": rank, "local_rank": rank % PER_NODE, "host": job.host(rank), "pid": 4000 + rank}
     record = StagedRecord(health / f"rank-{rank}.json", identity)
-    record.enter("start", stage="importing torch")
-    record.stage("rendezvous")
+    record.enter("start")
     record.done({"backend": "nccl", "world_size": job.ranks})
     record.enter("gpu", [rank])
-    record.stage("matmul")
-    record.stage("hbm copy")
     record.done(gpu_result(job, rank))
-    hosts, nodes = job_host_list(job), job_nodes(job)
-    mine = rank // PER_NODE
-    record.enter("node.all_reduce", nodes[mine], stage="group")
-    sit_out_or_measure(record, job, rank, "node", nodes[mine], extra={})
-    for round_, partner in check.pair_rounds(job.nodes, mine):
-        ranks = check.pair_ranks(nodes, mine, partner) if partner is not None else None
-        record.enter(f"pair.{round_}.all_reduce", ranks, stage="group")
-        extra = {"partner": hosts[nodes[partner][0]]} if partner is not None else {}
-        sit_out_or_measure(record, job, rank, f"pair.{round_}", ranks, extra=extra)
-    write_retests(record, job, rank, plan)
-    if job.nodes > 1:
-        sit_out_or_measure(record, job, rank, "job", list(range(job.ranks)), extra={})
+    for prefix, ranks, extra, retest in measured_parts(job, rank, plan):
+        sizes, count = (check.GPU_SIZES[-1:], check.RETEST_SAMPLES) if retest else (check.GPU_SIZES, check.SAMPLES)
+        recorded = check.recorded_group(ranks, job.ranks)
+        for part in (f"{prefix}.all_reduce", f"{prefix}.broadcast"):
+            record.enter(part, recorded)
+            record.done({**extra, **link_rates(job, part, ranks, rank, sizes=sizes, count=count), "ranks": recorded})
     record.finish()
-
-
-def write_retests(record: check.Record, job: Job, rank: int, plan: list) -> None:
-    """Check.retests on one rank: its part of each step of the plan."""
-    if plan:
-        record.enter("retest.0.all_reduce", None, stage="group")
-    name, mine = job.hosts, rank // PER_NODE
-    nodes = job_nodes(job)
-    for index, step in enumerate(plan):
-        own = next((m for m in step if mine in m[2]), None)
-        if own is None:
-            sit_out_or_measure(record, job, rank, f"retest.{index}", None, extra={})
-            continue
-        suspect, role, (a, b) = own
-        extra = {"suspect": name[suspect], "role": role, "pair": [name[a], name[b]]}
-        pair = check.pair_ranks(nodes, a, b)
-        sit_out_or_measure(record, job, rank, f"retest.{index}", pair, extra=extra, retest=True)

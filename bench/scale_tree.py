@@ -1,44 +1,92 @@
 """The run folder (RUN_DIR) that a job of N ranks leaves for the launching host, written by the code that writes it in
-a real run: the hang report's records (launcher/hang/progress.py's write_json and replace_file, the watch's
-write_limit, faulthandler's stacks, torch-shaped NCCL flight recorder records), the health check's records
-(launcher/health/check.py's Record, its pair rounds and retest plan), srun's notes through launcher/host/notes.py,
-and each rank's log and status in the format launcher/rank/rank.sh writes them (bash there: written here in Python).
+a real run: the hang report's records (launcher/hang's write_json, write_limit and flight recorder files, faulthandler's
+stacks, torch-shaped NCCL flight recorder records) and the health check's (bench/scale_health.py).
 
-The job: N ranks, 8 a node on nodes node0001, node0002, ...; tensor parallel within a node, data parallel across
-nodes, 2,000 flight recorder entries a rank (TORCH_FR_BUFFER_SIZE), 10,000 log lines a rank. Its faults (Job.faults):
-- `missing`: the one rank not in the all-reduce that every other rank waits in (it waits for an async checkpoint);
-- `silent`: a rank that registered and never answered the hang report;
-- `failed`: the rank that failed first; every other rank was then stopped (SIGTERM, status 143);
-- `slow_node`: a node whose network is capped (its pairs measure 40 GB/s against 95), or on fewer than 3 nodes (no
-  retests there) `slow_gpu`, a rank whose matmul is 23% below the others'.
-
-What the ranks write only when asked is staged beside RUN_DIR and moved into place by the stand-ins of
-bench/scale_host.py, as the ranks would write it then: the hang answers when the report signals the step, the health
-records when the check's launch runs. The stopped ranks' logs are hard links of one file (the failure report reads
-the first failed rank's log only); every other file is a file of its own. RUN_DIR also holds an earlier hang
-report's answers and records, as a batch job requeued after one keeps its run folder: the report forgets them first.
+The job (Job, N ranks 8 a node on node0001, node0002, ...): tensor parallel within a node, data parallel across
+nodes, 2,000 flight recorder entries a rank. Its faults, where faults() places them: `missing`, the one rank not in the
+all-reduce every other rank waits in (it waits for an async checkpoint); `silent`, a rank that registered and never
+answered the hang report; `slow_node`, a node whose pairs measure 40 GB/s against 95, or on fewer than 3 nodes (no
+retests there) `slow_gpu`, a rank whose matmul is 23% below the others'. What the ranks write only when asked is staged
+beside RUN_DIR, and bench/scale_host.py's stand-ins move it into place when the ranks would write it. RUN_DIR also
+holds an earlier hang report's records, as a requeued batch job keeps them.
 """
 
 from __future__ import annotations
 
-import io
+import dataclasses
+import functools
 import json
-import os
 import pickle
-import subprocess
-import sys
-from collections.abc import Iterator
-from multiprocessing import Pool
+import random
+import time
 from pathlib import Path
 
-from bench.scale_health import health_plan, write_health_rank
-from bench.scale_job import PER_NODE, Job, Tree
 from launcher import run_files
 from launcher.hang import dumps, progress
 from launcher.hang.watch import StallClock, write_limit
-from launcher.host.notes import pass_on
 
-LOG_LINES = 10_000
+PER_NODE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Its size, where its faults are, and when the ranks were asked (time.time(), every rank's clock)."""
+
+    ranks: int
+    missing: int
+    silent: int
+    slow_node: int
+    slow_gpu: int
+    asked: float
+
+    @property
+    def nodes(self) -> int:
+        return self.ranks // PER_NODE
+
+    @functools.cached_property
+    def hosts(self) -> list[str]:
+        return [f"node{index + 1:04d}" for index in range(self.nodes)]
+
+    @property
+    def node_list(self) -> str:
+        """SLURM_JOB_NODELIST."""
+        return "node0001" if self.nodes == 1 else f"node[0001-{self.nodes:04d}]"
+
+    @property
+    def link_fault(self) -> bool:
+        """A capped link needs retests, which need 3 nodes; fewer get a slow GPU."""
+        return self.nodes >= 3
+
+    def host(self, rank: int) -> str:
+        return f"node{rank // PER_NODE + 1:04d}"
+
+    @property
+    def slow_host(self) -> str:
+        return self.host(self.slow_node * PER_NODE) if self.link_fault else self.host(self.slow_gpu)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """Where a job's records lie: the run folder, and beside it what the ranks write only when asked."""
+
+    root: Path
+    run_dir = property(lambda self: self.root / "run")
+    staged_answers = property(lambda self: self.root / "staged-answers")
+    staged_health = property(lambda self: self.root / "staged-health")
+
+
+def faults(ranks: int, seed: int) -> Job:
+    """The job of `ranks` ranks with its faults where `seed` puts them; the missing and the silent rank on different
+    nodes where there are two."""
+    rng = random.Random(seed)
+    missing = rng.randrange(ranks)
+    others = [rank for rank in range(ranks) if rank // PER_NODE != missing // PER_NODE]
+    silent = rng.choice(others or [rank for rank in range(ranks) if rank != missing])
+    rng.randrange(ranks)  # once the first failed rank: drawn still, so that a seed places the others as it did
+    slow_node, slow_gpu = rng.randrange(ranks // PER_NODE), rng.randrange(ranks)
+    return Job(ranks, missing, silent, slow_node, slow_gpu, asked=time.time())
+
+
 FR_ENTRIES = 2_000  # launcher/hang/dumps.py's TORCH_FR_BUFFER_SIZE
 LAST_STEP = 1_200
 STEP_S = 2.05
@@ -57,6 +105,7 @@ TRAINING = [
     (f"{MEGATRON}/bridge/training/pretrain.py", "pretrain", 90),
     (f"{CODE}/entrypoint.py", "train", 420),
     (f"{CODE}/entrypoint.py", "main", 470),
+    (f"{CODE}/entrypoint.py", "<module>", 480),
 ]
 WAITING = [
     (f"{TORCH}/distributed/distributed_c10d.py", "all_reduce", 2870),
@@ -71,8 +120,7 @@ MISSING = [
     (f"{MEGATRON}/bridge/training/checkpointing.py", "maybe_finalize_async_save", 1500),
     *TRAINING,
 ]
-# What the report says of each, in its words (launcher/hang/answers.py's position()).
-WAITING_AT = "all_reduce (distributed_c10d.py:2870) from train_step (train.py:640)"
+# Where the report says the missing rank is, in its words (launcher/hang/answers.py's position()).
 MISSING_AT = "_wait_for_tstate_lock (threading.py:1167) from maybe_finalize_async_calls (async_utils.py:300)"
 # Two more threads of every rank: the data loader's pin-memory thread and the hang report's answering thread.
 THREADS = [
@@ -82,32 +130,7 @@ THREADS = [
     [(f"{CODE}/launcher/hang/dumps.py", "answer_requests", 109), (f"{STDLIB}/threading.py", "run", 982),
      (f"{STDLIB}/threading.py", "_bootstrap_inner", 1045), (f"{STDLIB}/threading.py", "_bootstrap", 1002)],
 ]  # fmt: skip
-# A rank's stacks, as faulthandler writes them: each chain compiled under its file names and called, the threads
-# parked in their chains, then the main thread's dump from the innermost function of its chain.
-STACKS_PROGRAM = """
-import faulthandler, functools, json, sys, threading
-
-def chain(frames, innermost):
-    call = innermost
-    for file, function, line in frames:
-        scope = {}
-        exec(compile("\\n" * (line - 2) + f"def {function}(inner):\\n    return inner()\\n", file, "exec"), scope)
-        call = functools.partial(scope[function], call)
-    return call
-
-kinds, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-parked = [threading.Event() for _ in threads]
-release = threading.Event()
-for frames, event in zip(threads, parked):
-    threading.Thread(target=chain(frames, lambda e=event: (e.set(), release.wait())), daemon=True).start()
-for event in parked:
-    event.wait()
-for path, frames in kinds.items():
-    with open(path, "w") as out:
-        entry = chain(frames, functools.partial(faulthandler.dump_traceback, out, all_threads=True))
-        exec(compile("\\n" * 479 + "entry()", "/workspace/megatron/entrypoint.py", "exec"), {"entry": entry})
-print(threading.main_thread().ident)
-"""
+MAIN_THREAD = 0x00007F3A2C9E4740  # every rank's main thread's ident, as threading and faulthandler give it
 
 
 # ---- the hang report's records --------------------------------------------------------------------------------
@@ -133,13 +156,20 @@ def write_progress(run_dir: Path, job: Job) -> None:
     write_limit(hang, job.asked - 3600.0, 300.0)
 
 
-def stack_texts(work: Path) -> tuple[int, dict[str, bytes]]:
-    """(the main thread's ident, {"waiting": stacks, "missing": stacks}) as faulthandler writes them for a rank."""
-    paths = {kind: work / f"stacks-{kind}.txt" for kind in ("waiting", "missing")}
-    chains = {str(paths["waiting"]): WAITING, str(paths["missing"]): MISSING}
-    program = [sys.executable, "-S", "-c", STACKS_PROGRAM, json.dumps(chains), json.dumps(THREADS)]
-    ident = int(subprocess.run(program, capture_output=True, text=True, check=True).stdout)
-    return ident, {kind: path.read_bytes() for kind, path in paths.items()}
+def stack_text(main: list[tuple[str, str, int]]) -> bytes:
+    """A rank's stacks as faulthandler.dump_traceback(all_threads=True) writes them from its main thread (CPython 3.12):
+    each thread's frames, innermost first, the main thread's last."""
+    threads = [(0x00007F3A10FFF6C0 + (index << 24), frames) for index, frames in enumerate(THREADS)]
+    lines = []
+    for ident, frames in [*threads, (MAIN_THREAD, main)]:
+        lines.append(
+            f"{'Current thread' if ident == MAIN_THREAD else 'Thread'} 0x{ident:016x} (most recent call first):"
+        )
+        lines += [*(f'  File "{file}", line {line} in {function}' for file, function, line in frames), ""]
+    return "\n".join([*lines, ""]).encode()
+
+
+STACKS = {False: stack_text(WAITING), True: stack_text(MISSING)}  # by whether the rank is the missing one
 
 
 def groups_of(job: Job, rank: int) -> list[tuple[str, str, int, list[int]]]:
@@ -147,15 +177,11 @@ def groups_of(job: Job, rank: int) -> list[tuple[str, str, int, list[int]]]:
     them: the default group "0", then in the order every rank creates them (Megatron's parallel_state), data parallel,
     tensor parallel, pipeline parallel (of one rank: pipeline parallel size 1)."""
     node, local = divmod(rank, PER_NODE)
+    first = node * PER_NODE
     return [
         ("0", "default_pg", 0, list(range(job.ranks))),
         (str(1 + local), "DATA_PARALLEL_GROUP", 1, list(range(local, job.ranks, PER_NODE))),
-        (
-            str(1 + PER_NODE + node),
-            "TENSOR_MODEL_PARALLEL_GROUP",
-            2,
-            list(range(node * PER_NODE, (node + 1) * PER_NODE)),
-        ),
+        (str(1 + PER_NODE + node), "TENSOR_MODEL_PARALLEL_GROUP", 2, list(range(first, first + PER_NODE))),
         (str(1 + PER_NODE + job.nodes + rank), "PIPELINE_MODEL_PARALLEL_GROUP", 3, [rank]),
     ]
 
@@ -184,16 +210,12 @@ def flight_entries(job: Job, rank: int) -> tuple[list[dict], dict[int, int]]:
         created = job.asked - STALLED_S - (len(ops) - 1 - index) * STEP_S / len(STEP_OPS)
         waiting = rank != job.missing and index == len(ops) - 1
         record_id = (first - 1) * len(STEP_OPS) + index
-        entries.append(
-            flight_entry(groups[group], record_id, seq[group], (name, elements), created=created, open_=waiting)
-        )
+        entry = flight_entry(groups[group], record_id, seq[group], (name, elements), created=created, open_=waiting)
+        entries.append(entry)
     return entries, seq
 
 
-def flight_entry(
-    group: tuple[str, str, int, list[int]], record_id: int, seq: int, op: tuple[str, int], *, created: float,
-    open_: bool
-) -> dict:  # fmt: skip
+def flight_entry(group: tuple, record_id: int, seq: int, op: tuple[str, int], *, created: float, open_: bool) -> dict:
     """One entry as torch's NCCL flight recorder keeps it (TORCH_NCCL_ENABLE_TIMING=1: started and completed times);
     `open_`: started on the GPU, not completed."""
     created_ns = int(created * 1e9)
@@ -220,7 +242,7 @@ def flight_record(job: Job, rank: int) -> bytes:
         last = enqueued[index] or -1
         completed = last - 1 if index == 0 and rank != job.missing else last  # the all-reduce it waits in
         status[str(pg_id)] = {"last_enqueued_collective": last, "last_started_collective": last}
-        status[str(pg_id)]["last_completed_collective"] = completed
+        status[str(pg_id)] |= {"last_completed_collective": completed}
     config = {name: {"name": name, "desc": desc, "ranks": json.dumps(members)} for name, desc, _, members in groups}
     dump = {"version": "2.10", "pg_config": config, "pg_status": status, "comm_lib_version": "2.28.9"}
     return pickle.dumps(dump | {"entries": entries})
@@ -232,117 +254,16 @@ def answer(job: Job, rank: int) -> dict:
     return result | {"last_step": LAST_STEP, "last_step_time": last_step_time(job), "longest_step_s": STEP_S}
 
 
-def write_hang_rank(tree: Tree, job: Job, rank: int, *, ident: int, stacks: dict[str, bytes]) -> None:
+def write_hang_rank(tree: Tree, job: Job, rank: int) -> None:
     """`rank`'s registration and its empty stacks file (dumps.install), and, staged, what it writes when asked."""
     hang, staged = tree.run_dir / run_files.HANG, tree.staged_answers
     registered = {"rank": rank, "host": job.host(rank), "pid": 4000 + rank, "start_time": "8812345"}
-    progress.write_json(hang / f"rank-{rank}.json", registered | {"main_thread": ident})
+    progress.write_json(hang / f"rank-{rank}.json", registered | {"main_thread": MAIN_THREAD})
     (hang / f"stacks-rank-{rank}.txt").touch()
     earlier = dumps.record_flight_recorder(hang / "fr" / f"rank-{rank}", EARLIER_RECORD)
     progress.write_json(hang / f"answer-rank-{rank}.json", answer(job, rank) | {"time": job.asked - 3600} | earlier)
     if rank == job.silent:
         return
-    (staged / f"stacks-rank-{rank}.txt").write_bytes(stacks["missing" if rank == job.missing else "waiting"])
+    (staged / f"stacks-rank-{rank}.txt").write_bytes(STACKS[rank == job.missing])
     fields = dumps.record_flight_recorder(staged / "fr" / f"rank-{rank}", flight_record(job, rank))
     progress.write_json(staged / f"answer-rank-{rank}.json", answer(job, rank) | fields)
-
-
-# ---- logs and statuses ------------------------------------------------------------------------------------------
-def log_lines(job: Job, rank: int) -> Iterator[str]:
-    """LOG_LINES lines of a rank's log: its start, then every step as Megatron Bridge logs it; the failed rank's ends
-    in its traceback."""
-    yield f"entrypoint.py: outputs in {CODE}/outputs/llama3_8b_pretrain/{JOB_ID}-20261202-100000"
-    yield "> initializing torch distributed ..."
-    tail = traceback_lines(rank) if rank == job.failed else []
-    count = LOG_LINES - 2 - len(tail)
-    for index in range(count):
-        step = index * LAST_STEP // count + 1
-        if index % 8:
-            yield f"[Rank {rank}] (after {step} iterations) memory (GB) | mem-allocated-gigabytes: 61.2 |"
-        else:
-            yield (
-                f" [2026-12-02 10:{step // 60 % 60:02d}:{step % 60:02d}] iteration {step:>8}/   10000 | consumed"
-                f" samples: {step * 256:>12} | elapsed time per iteration (ms): {STEP_S * 1000:.1f} | learning rate:"
-                " 2.999000E-04 | global batch size:   256 | lm loss: 2.481934E+00 | loss scale: 1.0 |"
-            )
-    yield from tail
-
-
-def traceback_lines(rank: int) -> list[str]:
-    return [
-        "Traceback (most recent call last):",
-        f'  File "{CODE}/entrypoint.py", line 480, in <module>',
-        "    main()",
-        f'  File "{MEGATRON}/bridge/training/train.py", line 640, in train_step',
-        "    losses_reduced = forward_backward_func(",
-        f'  File "{TORCH}/cuda/memory.py", line 212, in caching_allocator_alloc',
-        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank % PER_NODE} has a total"
-        " capacity of 139.81 GiB of which 1.06 GiB is free.",
-    ]
-
-
-def write_logs(run_dir: Path, job: Job) -> None:
-    """Every rank's log (the stopped ranks': links to one file), and what srun said (through notes.pass_on, as the
-    supervisor writes launcher.log)."""
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    stopped = 1 if job.failed == 0 else 0
-    write_log(logs / f"rank-{stopped}.log", log_lines(job, stopped))
-    write_log(logs / f"rank-{job.failed}.log", log_lines(job, job.failed))
-    for rank in range(job.ranks):
-        if rank not in (stopped, job.failed):
-            os.link(logs / f"rank-{stopped}.log", logs / f"rank-{rank}.log")
-    with open(run_dir / run_files.LAUNCHER_LOG, "ab") as log:
-        pass_on(io.BytesIO("".join(srun_lines(job)).encode()), io.BytesIO(), log, local=False)
-
-
-def write_log(path: Path, lines: Iterator[str]) -> None:
-    path.write_text("".join(f"{line}\n" for line in lines))
-
-
-def srun_lines(job: Job) -> Iterator[str]:
-    """What srun and slurmstepd print when a task fails under --kill-on-bad-exit=1."""
-    yield f"srun: error: {job.host(job.failed)}: task {job.failed}: Exited with exit code 1\n"
-    yield "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
-    for host in job.hosts:
-        yield f"slurmstepd: error: *** STEP {STEP} ON {host} CANCELLED AT 2026-12-02T10:41:05 ***\n"
-    for index, host in enumerate(job.hosts):
-        yield f"srun: error: {host}: tasks {index * PER_NODE}-{index * PER_NODE + PER_NODE - 1}: Terminated\n"
-    yield f"srun: Force Terminated StepId={STEP}\n"
-
-
-def write_statuses(run_dir: Path, job: Job) -> None:
-    """Each rank's end as rank.sh's record_rank_status writes it, "STATUS EPOCH_SECONDS HOST": the failed rank
-    first, the others stopped by SIGTERM after it."""
-    ended = job.asked + 60.0
-    for rank in range(job.ranks):
-        status, when = (1, ended) if rank == job.failed else (143, ended + 1.5 + rank % 97 / 100)
-        (run_dir / "logs" / f"rank-{rank}.status").write_text(f"{status} {when:.9f} {job.host(rank)}\n")
-
-
-# ---- the whole tree ---------------------------------------------------------------------------------------------
-def chunks(job: Job, parts: int) -> list[range]:
-    size = -(-job.ranks // parts)
-    return [range(start, min(start + size, job.ranks)) for start in range(0, job.ranks, size)]
-
-
-def write_ranks(arguments: tuple[Tree, Job, range, int, dict[str, bytes], list]) -> None:
-    """One worker's share of the ranks: their hang records and their health records."""
-    tree, job, ranks, ident, stacks, plan = arguments
-    for rank in ranks:
-        write_hang_rank(tree, job, rank, ident=ident, stacks=stacks)
-        write_health_rank(tree.staged_health, job, rank, plan)
-
-
-def build(tree: Tree, job: Job) -> None:
-    """Every record of the job but the statuses (write_statuses: the ranks end after the hang report)."""
-    for folder in (tree.run_dir / run_files.HANG / "fr", tree.staged_answers / "fr", tree.staged_health):
-        folder.mkdir(parents=True, exist_ok=True)
-    write_progress(tree.run_dir, job)
-    ident, stacks = stack_texts(tree.root)
-    plan = health_plan(job)
-    work = [(tree, job, ranks, ident, stacks, plan) for ranks in chunks(job, 4 * (os.cpu_count() or 1))]
-    with Pool(os.cpu_count()) as pool:
-        for _ in pool.imap_unordered(write_ranks, work):
-            pass
-    write_logs(tree.run_dir, job)

@@ -6,7 +6,7 @@ workers; it keeps its GPU memory but runs nothing). Round after round each arm i
 turn_steps logged steps and paused again, the order rotating (A B, then B A). Between blocks the arms that leave are
 stopped (SIGTERM: Megatron Bridge ends the step, flushes TensorBoard, exits) before those that join start. An arm
 that fails is recorded, and its block goes on without it. The record holds when each turn began and ended by the
-wall clock, which per_step.py matches with the wall times of the steps Megatron Bridge logged to TensorBoard.
+wall clock, which bench_turns.py matches with the wall times of the steps Megatron Bridge logged to TensorBoard.
 """
 
 import dataclasses
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import launches, megatron_log
+from bench import launches
 
 POLL_S = 0.02  # how long a pass waits for a line: the most an arm runs on after its stopping point was printed
 
@@ -53,7 +53,7 @@ class Live:
 
     def take(self, line: str) -> bool:
         """Note what a console line says; True when it is a logged step."""
-        if match := megatron_log.ITERATION.search(line):
+        if match := launches.ITERATION.search(line):
             self.last_step = int(match.group(1))
             self.steps_in_turn += 1
             return True
@@ -120,15 +120,13 @@ class Turns:
             else:
                 self.start(name)
         self.wait(lambda: all(self.warmed_up(self.live[n]) or self.live[n].ended for n in joining), joining)
-        for name in joining:
+        late = "by the plan's deadline" if time.monotonic() >= self.deadline else f"in {self.warmup_timeout_s:g} s"
+        for name in [name for name in joining if not self.warmed_up(self.live[name])]:
             live = self.live[name]
-            if live.ended and not self.warmed_up(live):
+            if live.ended:
                 self.fail(name, f"ended after {live.last_step} of its {live.arm.warmup_steps} warm-up steps")
-            elif not self.warmed_up(live):
-                limit = (
-                    "by the plan's deadline" if time.monotonic() >= self.deadline else f"in {self.warmup_timeout_s:g} s"
-                )
-                self.fail(name, f"logged {live.last_step} of {live.arm.warmup_steps} warm-up steps {limit}")
+            else:
+                self.fail(name, f"logged {live.last_step} of {live.arm.warmup_steps} warm-up steps {late}")
 
     def play(self, index: int, block: Block) -> None:
         for round_index in range(block.rounds):

@@ -165,7 +165,7 @@ def test_scalars_are_read_from_the_event_files_below_the_launch_directory(tmp_pa
     write_megatron_scalars(run_dir, {1: 9.5, 2: 4.6, 3: 4.4})
     found = launches.scalars(tmp_path / "0-A")
     assert launches.values(found, "iteration-time") == pytest.approx({1: 9.5, 2: 4.6, 3: 4.4})
-    assert launches.values(found, launches.TFLOPS_PER_GPU) == {1: 701.0, 2: 702.0, 3: 703.0}
+    assert launches.values(found, "throughput/tflops/device") == {1: 701.0, 2: 702.0, 3: 703.0}
     walls = [wall for wall, _ in found["iteration-time"].values()]
     assert walls == sorted(walls) and abs(walls[0] - time.time()) < 60
     assert launches.scalars(tmp_path / "nothing-here") == {}

@@ -7,7 +7,6 @@ import importlib.util
 import inspect
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -217,58 +216,3 @@ def test_the_llama_shape_keeps_4_layers_on_one_gpu_and_all_of_them_on_two():
     assert not [o for o in on_two if o.startswith("model.num_layers=")]
     _, tiny = bench_startup.case_command("tiny", gpus=2, layers=None)
     assert set(launches.MEASURED) <= set(tiny)
-
-
-def importtime_lines(*modules: str) -> list[str]:
-    """What this interpreter's importtime says on importing MODULES in a fresh process: real lines, real seconds."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", f"import {', '.join(modules)}"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return [line for line in done.stderr.splitlines() if line.startswith("import time:") and "self [us]" not in line]
-
-
-# The lines that start the phase after "config built", "data built" and "first step" in A_CONSOLE
-MARKED = ("entrypoint.py: outputs in", "[after dataloaders are built]", "iteration        1/")
-
-
-def test_imports_fall_in_the_phase_whose_markers_surround_them():
-    early, late, after = importtime_lines("json"), importtime_lines("email.parser"), importtime_lines("csv")
-    rows = A_CONSOLE.splitlines()
-    config, data, first = (next(i for i, row in enumerate(rows) if said in row) for said in MARKED)
-    # A's rank labels its stderr "0: "; srun.sh's own helpers print unlabelled: both are counted
-    timed = [*rows[:config], *(f"1.0 0: {line}" for line in early), *rows[config:data]]
-    timed += [*(f"30.0 {line}" for line in late), *rows[data : first + 1], *(f"43.0 0: {line}" for line in after)]
-    phases = bench_startup.imports_by_phase(console("\n".join(timed) + "\n"))
-    assert list(phases) == [what for what, _ in bench_startup.STRETCHES]
-    expected = {
-        "launcher, interpreter, imports, recipe build, overrides and checks": early,
-        "data loaders": late,
-        "after the first step": after,
-    }
-    for what, found in phases.items():
-        lines = expected.get(what, [])
-        assert found["modules"] == len(lines)
-        assert sum(found["seconds"].values()) == pytest.approx(sum(int(line.split()[2]) for line in lines) / 1e6)
-    for what, lines in expected.items():  # by top-level package: what importtime named
-        assert set(phases[what]["seconds"]) == {line.split("|")[2].strip().split(".")[0] for line in lines}
-    assert "email" in phases["data loaders"]["seconds"]
-
-
-def test_the_imports_table_gives_each_launchs_mean_over_its_counted_runs():
-    json_lines = importtime_lines("json")
-    seconds = sum(int(line.split()[2]) for line in json_lines) / 1e6
-    said = "19.87 0: entrypoint.py: train"
-    a = console(A_CONSOLE.replace(said, "".join(f"2.0 0: {line}\n" for line in json_lines) + said))
-    warm_up = console(A_CONSOLE.replace(said, "".join(f"2.0 0: {line}\n" for line in json_lines * 3) + said))
-    runs = []
-    for round_index, launch, lines in ((None, "A", warm_up), (0, "A", a), (0, "B", console(B_CONSOLE)), (1, "A", a)):
-        runs.append({"round": round_index, "launch": launch, "imports": bench_startup.imports_by_phase(lines)})
-    modules, mean, groups = bench_startup.imports_mean(runs, "A", bench_startup.STRETCHES[0][0])
-    assert (modules, mean) == (len(json_lines), pytest.approx(seconds))  # the warm-up is not counted
-    assert sum(groups.values()) == pytest.approx(seconds)
-    assert bench_startup.imports_mean(runs, "B", bench_startup.STRETCHES[0][0])[:2] == (0, 0)
-    table = "\n".join(bench_startup.imports_table(runs))
-    first = f"| {bench_startup.STRETCHES[0][0]} | {len(json_lines)} | {round(seconds, 2)} | 0 | 0 |"
-    assert first in table
-    assert "| after the first step | 0 | 0 | 0 | 0 | - | - |" in table

@@ -1,5 +1,4 @@
-"""bench/bench_turns.py: its options, the dry run (the plan printed and every arm checked with entrypoint.py --check,
-on the real Megatron Bridge classes), and the report written from a recorded call and its event files."""
+"""bench/bench_turns.py: its options, and the report written from a recorded call and its event files."""
 
 import json
 from pathlib import Path
@@ -57,21 +56,11 @@ def test_the_report_is_written_from_the_recorded_call_and_the_arms_event_files(t
     )
     assert "| 1 | | | cut after 0 rounds: an arm failed |" in table
     assert "| 2 | late | ours | skipped: no time left |" in table
-    # ours: 65536 tokens a 1 s step at 550 TFLOP/s logged: 8.39 GFLOP a token.
-    assert "| ours | the shipped recipe | 1000.0 | 65536 | 550.0 | 8.39 | 40.12, 45.0 | 6 | 0 |" in table
-    assert "| seed | another seed | - | - | - | - | None, None | 0 | 1, ended during its turn: OOM |" in table
+    assert "| ours | the shipped recipe | 1000.0 | 65536 | 6 | 0 |" in table  # 65536 tokens a 1 s step
+    assert "| seed | another seed | - | - | 0 | 1, ended during its turn: OOM |" in table
     assert json.loads(prefix.with_suffix(".json").read_text())["analysis"]["blocks"][0]["ratios"] == {
         "upstream": [ratio] * 3
     }
-
-
-def test_the_dry_run_prints_the_plan_and_checks_every_arm_with_megatron_bridge(capsys, output_root):
-    assert bench_turns.main(["--out", "/nonexistent", "--plan", "tiny", "--dry-run"]) == 0
-    printed = capsys.readouterr().out
-    assert "block 0: ours upstream seed (10 rounds, reference ours)" in printed
-    assert "torch.distributed.run --nproc-per-node=1 --master-port=29501" in printed
-    assert "every arm's config passes" in printed
-    assert not Path("/nonexistent").exists()
 
 
 @pytest.mark.parametrize(

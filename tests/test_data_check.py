@@ -1,4 +1,4 @@
-"""launcher/config/data.py's check, in-process and fast (bench/mutation.py's tests of the module): each function on
+"""launcher/config/data.py's check, in-process and fast: each function on
 datasets written by megatron-core's own IndexedDatasetBuilder and a real Hugging Face tokenizer folder, on Megatron
 Bridge's vanilla GPT config. The expected values come from README's Your data (the first 4,096 ids of 16 sequences: the
 first, the last and evenly between), from megatron-core's index format (a sequence's pointer is in bytes) and from the

@@ -1,10 +1,10 @@
-"""bench/megatron_log.py, as the GPU suite reads its runs, on a real run's log (Llama 3 8B, BF16, 2 x H200,
+"""tests/gpu/megatron_log.py, as the GPU suite reads its runs, on a real run's log (Llama 3 8B, BF16, 2 x H200,
 megatron-bridge 0.6.2): iteration 1-3 and the first memory line as printed; the second memory line shortened to the
 run's peak, iteration 4 made up with a nan."""
 
 import pytest
 
-from bench import megatron_log
+from tests.gpu import megatron_log
 
 LOG = """\
 1:  [2026-11-30 10:41:12] iteration        1/       7 | consumed samples:           16 | elapsed time per iteration (ms): 15159.9 | throughput per GPU (TFLOP/s/GPU): 212.3 | learning rate: 4.324324E-05 | global batch size:    16 | lm loss: 1.119590E+01 | loss scale: 1.0 | grad norm: 14.428 | num zeros: 0 | number of skipped iterations:   0 | number of nan iterations:   0 |

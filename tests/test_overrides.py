@@ -1,4 +1,4 @@
-"""launcher/config/overrides.py in-process and fast (bench/mutation.py's tests of the module): NAME=VALUE arguments in
+"""launcher/config/overrides.py in-process and fast: NAME=VALUE arguments in
 Hydra's override grammar (https://hydra.cc/docs/advanced/override_grammar/basic/: `a=1,2` is a sweep, `+a` adds a
 key, `~a` deletes one, `[..]` is a list, `null` is None) applied to Megatron Bridge's vanilla GPT ConfigContainer,
 with what Hydra and omegaconf would accept silently refused in one line. tests/test_entrypoint.py runs the same

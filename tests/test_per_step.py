@@ -1,12 +1,13 @@
-"""bench/per_step.py: which steps of a turn count, per-round ratios and their spread, the verdict and the loss gap,
-and the whole analysis of a recorded call read back from event files that torch's own SummaryWriter wrote."""
+"""bench/bench_turns.py's analysis: which steps of a turn count, per-round ratios and their spread, the verdict and
+the loss gap, and the whole analysis of a recorded call read back from event files that torch's own SummaryWriter
+wrote."""
 
 from pathlib import Path
 
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from bench import launches, per_step
+from bench import bench_turns, launches
 
 # A turn from wall 100 to 110: the step logged at 101 was in flight when the arm was paused (its time holds the
 # pause), the one at 102 settles; 103-105 count. 99 and 111 belong to other turns.
@@ -15,25 +16,28 @@ STEPS[16] = (111.0, 1.0)
 
 
 def test_a_turn_counts_its_steps_after_the_one_that_spans_the_pause_and_the_settling_ones():
-    assert per_step.counted_steps(STEPS, 100.0, 110.0, settle=1) == [13, 14, 15]
-    assert per_step.counted_steps(STEPS, 100.0, 110.0, settle=0) == [12, 13, 14, 15]
-    assert per_step.counted_steps(STEPS, 200.0, 210.0, settle=1) == []
+    assert bench_turns.counted_steps(STEPS, 100.0, 110.0, settle=1) == [13, 14, 15]
+    assert bench_turns.counted_steps(STEPS, 100.0, 110.0, settle=0) == [12, 13, 14, 15]
+    assert bench_turns.counted_steps(STEPS, 200.0, 210.0, settle=1) == []
     record = {
         "settle": 1,
         "arms": {"a": {"tokens_per_step": 8000}},
         "turns": [{"arm": "a", "began": 100.0, "ended": 110.0}],
     }
-    assert per_step.turn_figures(record, {"a": STEPS}) == ({("a", 0): pytest.approx(8000 / 1.0)}, {"a": [13, 14, 15]})
+    assert bench_turns.turn_figures(record, {"a": STEPS}) == (
+        {("a", 0): pytest.approx(8000 / 1.0)},
+        {"a": [13, 14, 15]},
+    )
 
 
 def test_spread_is_median_quartiles_and_range_and_the_verdict_needs_the_whole_iqr_on_one_side():
-    faster = per_step.spread([1.02, 1.03, 1.01, 1.04, 1.02])
+    faster = bench_turns.spread([1.02, 1.03, 1.01, 1.04, 1.02])
     assert faster == {"n": 5, "median": 1.02, "q1": 1.02, "q3": 1.03, "min": 1.01, "max": 1.04}
-    assert per_step.verdict(faster) == "faster, outside the spread"
-    assert per_step.verdict(per_step.spread([0.99, 0.98, 0.995, 0.97])) == "slower, outside the spread"
-    assert per_step.verdict(per_step.spread([0.99, 1.01, 1.0, 0.98, 1.02])) == "within the spread"
-    assert per_step.verdict(per_step.spread([1.1, 1.2])) == "too few rounds"
-    assert per_step.spread([]) is None
+    assert bench_turns.verdict(faster) == "faster, outside the spread"
+    assert bench_turns.verdict(bench_turns.spread([0.99, 0.98, 0.995, 0.97])) == "slower, outside the spread"
+    assert bench_turns.verdict(bench_turns.spread([0.99, 1.01, 1.0, 0.98, 1.02])) == "within the spread"
+    assert bench_turns.verdict(bench_turns.spread([1.1, 1.2])) == "too few rounds"
+    assert bench_turns.spread([]) is None
 
 
 def test_each_round_pairs_an_arm_with_the_reference_of_its_block():
@@ -48,17 +52,17 @@ def test_each_round_pairs_an_arm_with_the_reference_of_its_block():
     ]
     throughput = {("ours", 0): 100.0, ("upstream", 1): 98.0, ("upstream", 2): 103.0, ("ours", 3): 100.0}
     throughput |= {("ours", 4): 99.0, ("ours", 5): 50.0}
-    assert per_step.block_rounds(block, turns, throughput) == {"upstream": [0.98, 1.03]}
+    assert bench_turns.block_rounds(block, turns, throughput) == {"upstream": [0.98, 1.03]}
 
 
 def test_loss_gap_is_taken_where_both_logged_the_same_consumed_samples_and_judged_against_the_seed_noise():
     reference = {8: 10.8, 16: 10.2, 24: 9.7, 32: 9.1}
     larger_batch = {16: 10.25, 32: 9.0}
-    gap = per_step.loss_gap(larger_batch, reference)
+    gap = bench_turns.loss_gap(larger_batch, reference)
     assert gap == {"points": 2, "mean_abs": 0.075, "max_abs": 0.1}
-    assert per_step.loss_agrees(gap, {"points": 4, "mean_abs": 0.08, "max_abs": 0.2}) == "within noise"
-    assert per_step.loss_agrees(gap, {"points": 4, "mean_abs": 0.01, "max_abs": 0.02}) == "outside noise"
-    assert per_step.loss_agrees(per_step.loss_gap({1: 1.0}, reference), None) == "no common points"
+    assert bench_turns.loss_agrees(gap, {"points": 4, "mean_abs": 0.08, "max_abs": 0.2}) == "within noise"
+    assert bench_turns.loss_agrees(gap, {"points": 4, "mean_abs": 0.01, "max_abs": 0.02}) == "outside noise"
+    assert bench_turns.loss_agrees(bench_turns.loss_gap({1: 1.0}, reference), None) == "no common points"
 
 
 def write_events(directory: Path, steps: dict[int, tuple[float, float]], loss: dict[int, float], tflops: float) -> None:
@@ -67,11 +71,11 @@ def write_events(directory: Path, steps: dict[int, tuple[float, float]], loss: d
     writer = SummaryWriter(log_dir=str(directory / "outputs" / "tb_logs"))
     for step, (wall, seconds) in steps.items():
         writer.add_scalar(launches.STEP_TIME_S, seconds, step, walltime=wall)
-        writer.add_scalar(launches.TFLOPS_PER_GPU, tflops / seconds, step, walltime=wall)
-        writer.add_scalar(launches.PEAK_ALLOCATED_GB, 40.0 + step / 100, step, walltime=wall)
-        writer.add_scalar(per_step.PEAK_RESERVED_GB, 45.0, step, walltime=wall)
+        writer.add_scalar("throughput/tflops/device", tflops / seconds, step, walltime=wall)
+        writer.add_scalar("memory/mem-max-allocated-gigabytes", 40.0 + step / 100, step, walltime=wall)
+        writer.add_scalar("memory/mem-max-reserved-gigabytes", 45.0, step, walltime=wall)
     for samples, value in loss.items():
-        writer.add_scalar(per_step.LOSS_VS_SAMPLES, value, samples)
+        writer.add_scalar(bench_turns.LOSS_VS_SAMPLES, value, samples)
     writer.close()
 
 
@@ -98,11 +102,9 @@ def test_a_recorded_call_reads_as_per_arm_figures_per_block_ratios_and_loss_nois
     for name in seconds:
         write_events(tmp_path / name, steps[name], losses[name], tflops=600.0)
     found = {name: launches.scalars(tmp_path / name) for name in seconds}
-    analysis = per_step.analyse(record, found)
+    analysis = bench_turns.analyse(record, found)
     ours = analysis["arms"]["ours"]
-    assert ours["counted_steps"] == 8 and ours["step_ms"] == 1000.0 and ours["tokens_per_s_per_gpu"] == 65536
-    assert ours["logged_tflops_per_gpu"] == 600.0 and ours["logged_gflop_per_token"] == round(600e3 / 65536, 2)
-    assert ours["peak_allocated_gb"] == 40.16 and ours["peak_reserved_gb"] == 45.0
+    assert ours == {"counted_steps": 8, "step_ms": 1000.0, "tokens_per_s_per_gpu": 65536}
     seed_block, lever_block = analysis["blocks"]
     assert seed_block["ratios"] == {"seed": [1.0, 1.0]}
     assert lever_block["ratios"] == {"no_checks": [round(1 / 0.95, 4)] * 2}

@@ -1,23 +1,25 @@
-"""bench/plans.py: the arms every plan builds, and every arm's config checked with the real Megatron Bridge classes
-as entrypoint.py --check checks it, so that none is refused on the GPU host."""
+"""bench/bench_turns.py's plans: the arms every plan builds, and every arm's config checked with the real Megatron
+Bridge classes as entrypoint.py --check checks it, so that none is refused on the GPU host."""
 
 import pytest
 
 import entrypoint
-from bench import launches, plans
+from bench import bench_turns, launches
 from tests.conftest import REPO
 
-PLAN_ARMS = {(name, gpus): plans.arms(plan, gpus, settle=1) for name, plan in plans.PLANS.items() for gpus in (1, 2)}
+PLAN_ARMS = {
+    (name, gpus): bench_turns.arms(plan, gpus, settle=1) for name, plan in bench_turns.PLANS.items() for gpus in (1, 2)
+}
 
 
 def keys(overrides: tuple[str, ...]) -> list[str]:
     return [override.split("=", 1)[0] for override in overrides]
 
 
-@pytest.mark.parametrize("plan", plans.PLANS.values())
-def test_every_arm_a_block_names_is_built_once_and_plays_in_consecutive_blocks(plan: plans.Plan):
+@pytest.mark.parametrize("plan", bench_turns.PLANS.values())
+def test_every_arm_a_block_names_is_built_once_and_plays_in_consecutive_blocks(plan: bench_turns.Plan):
     """bench/turns.py stops an arm when it leaves its block: one that came back would start again in its folder."""
-    arms = plans.arms(plan, gpus=1, settle=1)
+    arms = bench_turns.arms(plan, gpus=1, settle=1)
     for name in arms:
         present = [index for index, block in enumerate(plan.blocks) if name in block]
         assert present == list(range(present[0], present[-1] + 1)), name
@@ -31,7 +33,7 @@ def test_every_plan_builds_arms_that_share_a_schedule_and_can_be_stopped(plan: s
     iterations = set()
     for arm in arms.values():
         assert len(keys(arm.overrides)) == len(set(keys(arm.overrides))), arm.name  # the launches refuse duplicates
-        assert set(plans.STOPPABLE) <= set(arm.overrides) and set(launches.MEASURED) <= set(arm.overrides)
+        assert set(bench_turns.STOPPABLE) <= set(arm.overrides) and set(launches.MEASURED) <= set(arm.overrides)
         iterations |= {o for o in arm.overrides if o.startswith("train.train_iters=")}
         assert arm.command[-len(arm.overrides) :] == arm.overrides
         assert arm.env == {"SRUNSH_GPUS_PER_NODE": str(gpus)}
@@ -49,11 +51,11 @@ def test_the_ab_arms_differ_by_the_launcher_and_the_noise_arm_by_its_seed_alone(
 
 
 def test_the_shapes_the_tokens_per_step_come_from_are_the_recipes():
-    for recipe, sequence in plans.SEQUENCE.items():
+    for recipe, sequence in bench_turns.SEQUENCE.items():
         cfg = entrypoint.load_recipe(REPO / recipe).configure()
         assert (cfg.model.seq_length, cfg.dataset.seq_length) == (sequence, sequence), recipe
-    tiny = entrypoint.load_recipe(REPO / plans.TINY).configure()
-    assert tiny.train.global_batch_size == plans.TINY_GLOBAL_BATCH
+    tiny = entrypoint.load_recipe(REPO / launches.TINY).configure()
+    assert tiny.train.global_batch_size == bench_turns.TINY_GLOBAL_BATCH
 
 
 def test_upstream_arms_alive_together_get_ports_of_their_own():
@@ -79,5 +81,5 @@ def test_every_arm_config_passes_entrypoints_check(label: str, output_root, caps
 
 
 def test_every_plan_has_a_note_and_a_reference_in_every_block():
-    for plan in plans.PLANS.values():
+    for plan in bench_turns.PLANS.values():
         assert plan.note and all(len(block) >= 1 for block in plan.blocks)

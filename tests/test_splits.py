@@ -1,4 +1,4 @@
-"""launcher/config/splits.py's arithmetic and lines, in-process and fast (bench/mutation.py's tests of the module): the
+"""launcher/config/splits.py's arithmetic and lines, in-process and fast: the
 documents megatron-core's builder gives each split, each part's sample target (Megatron-LM's formula for the split
 targets, megatron-core's ceil(target x weight x (1 + surplus)) for a weighted blend), the sample count of one epoch,
 and the refusal's words. The values are worked out by hand from those formulas; tests/test_data_splits.py runs

@@ -1,6 +1,6 @@
 """bench/turns.py, run for real with stand-ins for the launches (they need GPUs): arms take turns, each paused as a
 whole process tree while another runs; an arm of the next block waits at its config until its block; every arm is
-stopped with its TensorBoard events flushed; a failing arm cuts its block and nothing else. Then bench/per_step.py
+stopped with its TensorBoard events flushed; a failing arm cuts its block and nothing else. Then bench/bench_turns.py
 reads the ratios back from the event files the stand-ins wrote."""
 
 import fcntl
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import bench_startup, launches, per_step, plans, turns
+from bench import bench_startup, bench_turns, launches, turns
 
 # A launch: the launcher starts one rank in a session of its own and passes SIGTERM on (as torchrun does). The rank
 # starts a "data loader worker" that writes a heartbeat, prints the config-built line, initializes, then trains: each
@@ -129,7 +129,7 @@ def test_every_arm_is_stopped_with_its_events_flushed_and_a_failure_cuts_only_it
 
 def test_the_ratios_leave_the_paused_time_out(played):
     record, found, _ = played
-    analysis = per_step.analyse(record, found)
+    analysis = bench_turns.analyse(record, found)
     slower = analysis["blocks"][0]["spread"]["B"]
     assert 0.5 < slower["median"] < 0.75  # 0.05 s against 0.08 s a step
     assert analysis["blocks"][0]["verdict"]["B"] == "slower, outside the spread"
@@ -168,7 +168,7 @@ def test_a_real_srun_sh_launch_is_paused_whole_and_leaves_nothing(tmp_path: Path
     """srun.sh --local, torchrun and entrypoint.py for real, up to pretrain()'s first line (with no GPU here the rank
     fails soon after it). CUDA_VISIBLE_DEVICES stands in for the GPU that srun.sh counts."""
     env = {"SRUNSH_GPUS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": "0", "SRUNSH_PYTHON": sys.executable}
-    arm = turns.Arm("ours", tuple(launches.ours(plans.TINY, "train.train_iters=3")), env, 1, 1)
+    arm = turns.Arm("ours", tuple(launches.ours(launches.TINY, "train.train_iters=3")), env, 1, 1)
     runner = turns.Turns({"ours": arm}, [], 1, 1, tmp_path, deadline=time.monotonic() + 120)
     runner.record = {"arms": {"ours": turns.arm_record(arm)}, "turns": []}
     runner.start("ours")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import megatron_log
+from tests.gpu import megatron_log
 
 REPO = Path(__file__).resolve().parents[2]
 # Most tests run 2 ranks, one a GPU, and 1 where only one GPU is lent; those that need a second rank say so.

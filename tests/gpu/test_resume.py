@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import megatron_log
+from tests.gpu import megatron_log
 from tests.gpu.conftest import REPO, Run, parse_log, run_with_time_limit
 
 pytestmark = pytest.mark.gpu

@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from bench import megatron_log
 from tests import hf_models
+from tests.gpu import megatron_log
 from tests.gpu.conftest import GPUS, REPO, Run, needs_two_gpus, parse_log, run_with_time_limit, tail
 
 pytestmark = pytest.mark.gpu

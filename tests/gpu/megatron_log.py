@@ -1,4 +1,5 @@
-"""What Megatron Bridge's console log says about a run, as the GPU suite reads it (the benchmarks read TensorBoard).
+"""What Megatron Bridge's console log says about a run, as the GPU suite reads it (the benchmarks read TensorBoard, and
+find the iteration line with the same pattern, bench/launches.py's ITERATION).
 
 Each logged iteration is one line: "[YYYY-MM-DD HH:MM:SS] iteration N/ M | ... elapsed time per iteration (ms): T |
 ... lm loss: L |". Peak memory is the line "[Rank 0] (after N iterations) memory (GB) | ... |
@@ -9,7 +10,8 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+.*?elapsed time per iteration \(ms\): ([\d.]+)")
+from bench.launches import ITERATION
+
 LM_LOSS = re.compile(r"lm loss: ([\d.E+-]+|nan|inf)", re.IGNORECASE)
 MAX_ALLOCATED = re.compile(r"mem-max-allocated-gigabytes: ([\d.]+)")
 
