@@ -192,7 +192,8 @@ def pid_gone_eventually(pid: int) -> bool:
     return wait_gone([pid], timeout=10)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGHUP: a closed terminal, a dropped ssh.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_signal_to_srun_sh_gives_every_rank_on_both_nodes_sigterm(slurm_world: SrunWorld, sig: signal.Signals):
     proc, pid_file = slurm_world.start_in_allocation(
         "--no-container", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
@@ -207,6 +208,7 @@ def test_signal_to_srun_sh_gives_every_rank_on_both_nodes_sigterm(slurm_world: S
             proc.communicate()
 
     assert proc.returncode == 128 + sig, stderr
+    assert f"srun.sh: got {sig.name}; sending SIGTERM to every rank" in stderr.splitlines()
     assert wait_gone([r["pid"] for r in records.values()])
     assert slurm_world.signals_seen() == {rank: ["SIGTERM"] for rank in range(4)}
 
