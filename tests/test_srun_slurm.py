@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.slurm_cluster import ADDRESSES, NODES
+from tests.slurm_cluster import ADDRESSES, GPU_TYPE, NODES
 from tests.srun_world import ALLOCATION, HOSTILE_ARGS, REPO, SrunWorld, wait_gone
 
 pytest_plugins = ["tests.srun_world"]
@@ -63,6 +63,19 @@ def test_two_nodes_rendezvous_with_ranks_per_node_from_the_gpus_allocated(slurm_
         log = slurm_world.dir / "outputs" / "recipe" / run_id / "logs" / f"rank-{rank}.log"
         assert log.read_text() == f"rank {rank} started\n"
         assert f"{rank}: rank {rank} started" in result.stdout.splitlines()
+
+
+def test_typed_gpus_of_the_allocation_give_four_ranks_a_node(slurm_world: SrunWorld):
+    """The nodes' GPUs are typed (Gres=gpu:h100:4), and so is the request: SLURM_GPUS_PER_NODE=h100:4."""
+    result, steps = slurm_world.in_allocation(
+        "--no-container", "recipe.py", salloc=("--nodes=2", f"--gpus-per-node={GPU_TYPE}:4")
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert steps == 1
+    records = slurm_world.records()
+    assert_one_job_of(records, list(NODES), per_node=4)
+    assert {r["env"]["SLURM_GPUS_PER_NODE"] for r in records.values()} == {f"{GPU_TYPE}:4"}
 
 
 def test_a_node_with_one_rank_leaves_its_cpu_threads_to_torch(slurm_world: SrunWorld):
