@@ -13,8 +13,9 @@ A second layout, `slurm_cluster_by_name`, is SLURM's default naming: no NodeAddr
 name), and each host's /etc/hosts lists its own name only as 127.0.1.1, the other hosts by their addresses, as
 Debian's installer leaves it: a node then knows no address of its own name that another node reaches.
 
-Resources are those of a GPU cluster: select/cons_tres, 8 CPUs and 4 count-only GPUs per node (GRES without device
-files), a default partition `gpu` that hands out whole nodes, and a partition `shared` that does not.
+Resources are those of a GPU cluster: select/cons_tres, 8 CPUs and 4 GPUs per node, typed as GPU clusters declare them
+(`Gres=gpu:h100:4`: a job may ask for `gpu:4` or `h100:4`; GRES without device files), a default partition `gpu` that
+hands out whole nodes, and a partition `shared` that does not.
 When the cluster cannot start, the test fails with the daemon logs; it is never skipped. Afterwards every job is
 cancelled, the daemons and holders stopped, and the directory removed.
 """
@@ -39,6 +40,7 @@ import pytest
 SUBNET = "10.231.77"
 NODE_CPUS = 8
 NODE_GPUS = 4
+GPU_TYPE = "h100"
 START_TIMEOUT_S = 60
 CONTROLLER = "ctl"
 NODES = ("node1", "node2")
@@ -243,10 +245,11 @@ def _write_config(root: Path, node_addr: bool, names: tuple[str, ...]) -> Path:
     (root / "plugstack.conf").write_text("")  # no SPANK plugins (pyxis), whatever /etc/slurm holds
     (root / "cgroup.conf").write_text("IgnoreSystemd=yes\n")
     span = f"node[1-{len(names)}]"
-    (root / "gres.conf").write_text(f"NodeName={span} Name=gpu File={local}/gpu[0-{NODE_GPUS - 1}]\n")
+    gpus = f"Name=gpu Type={GPU_TYPE} File={local}/gpu[0-{NODE_GPUS - 1}]"
+    (root / "gres.conf").write_text(f"NodeName={span} {gpus}\n")
     nodes = "\n".join(
         f"NodeName={node}{f' NodeAddr={ADDRESSES[node]}' if node_addr else ''} CPUs={NODE_CPUS}"
-        f" Gres=gpu:{NODE_GPUS} State=UNKNOWN"
+        f" Gres=gpu:{GPU_TYPE}:{NODE_GPUS} State=UNKNOWN"
         for node in names
     )
     conf = root / "slurm.conf"

@@ -2,6 +2,7 @@
 after the error never returns (as the abort of the process groups did on the H200); the rank still exits, with the
 error and one line that says why it exits, in a second or so rather than at srun.sh's hang watch."""
 
+import contextlib
 import logging
 import subprocess
 import sys
@@ -132,31 +133,76 @@ def test_other_errors_choose_no_status():
     )
 
 
+def read_stderr(rank: subprocess.Popen, stderr: list[str], failed: threading.Event) -> threading.Thread:
+    """A thread that keeps RANK's stderr in STDERR and sets FAILED at Megatron Bridge's failure line."""
+
+    def read() -> None:
+        for line in rank.stderr:
+            stderr.append(line)
+            if FAILURE_LINE in line:
+                failed.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+def wait_for_failure_line(rank: subprocess.Popen, failed: threading.Event, stderr: list[str]) -> None:
+    deadline = time.monotonic() + REACH_FAILURE_S
+    while not failed.wait(timeout=0.5) and rank.poll() is None and time.monotonic() < deadline:
+        pass
+    assert failed.is_set(), f"no {FAILURE_LINE!r} line (exit {rank.poll()}): {''.join(stderr)[-3000:]}"
+
+
 def test_without_it_the_rank_stays(tmp_path):
     """The condition the module is for: Megatron Bridge's pretrain() does not return while its clean-up hangs. The
     rank is watched from its failure line on (it takes about 11 s to get there), for HOLD_S."""
     failed = threading.Event()
     stderr: list[str] = []
 
-    def read(stream) -> None:
-        for line in stream:
-            stderr.append(line)
-            if FAILURE_LINE in line:
-                failed.set()
-
     with subprocess.Popen(
         [sys.executable, rank_script(tmp_path, "")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     ) as rank:
-        reader = threading.Thread(target=read, args=(rank.stderr,), daemon=True)
-        reader.start()
+        reader = read_stderr(rank, stderr, failed)
         try:
-            deadline = time.monotonic() + REACH_FAILURE_S
-            while not failed.wait(timeout=0.5) and rank.poll() is None and time.monotonic() < deadline:
-                pass
-            assert failed.is_set(), f"no {FAILURE_LINE!r} line (exit {rank.poll()}): {''.join(stderr)[-3000:]}"
+            wait_for_failure_line(rank, failed, stderr)
             time.sleep(HOLD_S)
             assert rank.poll() is None, f"the rank exited {rank.returncode} without the fix: {''.join(stderr)[-3000:]}"
         finally:
             rank.kill()
             rank.wait()
         reader.join(timeout=10)
+
+
+# The grace that entrypoint.py's install() gives a rank whose clean-up after a training error hangs.
+DEFAULT_GRACE_S = 60.0
+
+
+def test_a_rank_whose_clean_up_after_an_error_hangs_exits_after_the_default_grace_not_later(tmp_path):
+    """The rank, installed as entrypoint.py installs it, is timed from outside from Megatron Bridge's failure line
+    (its record starts the grace) to its exit."""
+    failed = threading.Event()
+    stderr: list[str] = []
+    status = None
+    with subprocess.Popen(
+        [sys.executable, rank_script(tmp_path, "exit_after_failure.install()")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as rank:  # fmt: skip
+        reader = read_stderr(rank, stderr, failed)
+        try:
+            wait_for_failure_line(rank, failed, stderr)
+            seen = time.monotonic()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                status = rank.wait(timeout=DEFAULT_GRACE_S + 10)
+            waited = time.monotonic() - seen
+        finally:
+            rank.kill()
+            rank.wait()
+        reader.join(timeout=10)
+
+    said = "".join(stderr)
+    assert status == 1, f"exit status {status} {waited:.1f} s after the failure line: {said[-3000:]}"
+    assert waited > DEFAULT_GRACE_S - 10, f"the rank exited {waited:.1f} s after the failure line"
+    assert said.rstrip().endswith(
+        "entrypoint.py: Megatron Bridge's clean-up after the error above did not return in 60 s: the rank exits 1"
+    )

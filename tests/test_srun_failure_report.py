@@ -1,8 +1,13 @@
-"""What srun.sh says when a launch on the two-node test SLURM ends badly without a rank failing on its own: a rank
-that cannot start (no GPU), a step cancelled from outside, a container that pyxis cannot create. Each is said once,
-with its cause, and kept in RUN_DIR."""
+"""What srun.sh says when a launch on the two-node test SLURM ends badly: the end of the log of the rank that failed
+first, where its traceback is; and without a rank failing on its own: a rank that cannot start (no GPU), a step
+cancelled from outside, a container that pyxis cannot create. Each is said once, with its cause, and kept in
+RUN_DIR."""
 
+import itertools
+import os
+import random
 import shutil
+import time
 
 from tests.srun_world import FIXTURES, REPO, SQUASHFS_MAGIC, SrunWorld
 
@@ -84,3 +89,24 @@ def test_container_that_cannot_start_is_reported_once_with_pyxis_cause(slurm_wor
     assert not [line for line in lines if "Exited with exit code" in line]
     assert console_lines_from_slurm(result.stderr) == []
     assert slurm_world.calls() == []
+
+
+def test_first_failure_report_shows_the_end_of_the_failed_ranks_log_where_its_traceback_is(slurm_world: SrunWorld):
+    """Rank 3 writes more lines than the report shows (FAILURE_REPORT_SEED repeats a draw), then dies of a json
+    error: Python's own traceback."""
+    seed = int(os.environ.get("FAILURE_REPORT_SEED", time.time_ns() % 2**32))
+    lines = random.Random(seed).randint(21, 400)
+    print(f"FAILURE_REPORT_SEED={seed}: rank 3 writes {lines} lines before its traceback")
+    env = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_FAIL_RANK": "3", "FAKE_FAIL_LINES": str(lines), "FAKE_SLEEP": "300"}
+    result, _ = slurm_world.in_allocation("--no-container", "recipe.py", env=env)
+
+    assert result.returncode == 1, result.stderr
+    (run_dir,) = slurm_world.run_dirs()
+    log = (run_dir / "logs" / "rank-3.log").read_text().splitlines()
+    said = result.stderr.splitlines()
+    header = f"srun.sh: rank 3 on node2 failed first, with exit status 1; the end of {run_dir}/logs/rank-3.log:"
+    after = itertools.takewhile(lambda line: line.startswith("    "), said[said.index(header) + 1 :])
+    shown = [line.removeprefix("    ") for line in after]
+    assert log[-1].startswith("json.decoder.JSONDecodeError: ") and shown[-1] == log[-1], shown
+    assert "Traceback (most recent call last):" in shown and f"log line {lines} of {lines}" in shown
+    assert log[0] == "rank 3 started" and log[0] not in shown

@@ -188,14 +188,17 @@ def assert_blames_nobody(stderr: str, report: str) -> None:
         assert word not in report, (word, report)
 
 
-def test_sigterm_while_training_progresses_says_so_and_blames_nobody(slurm_world: SrunWorld):
+# SIGHUP (a closed terminal, a dropped ssh) stops the launch as SIGTERM does.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_stop_while_training_progresses_says_so_and_blames_nobody(slurm_world: SrunWorld, sig: signal.Signals):
     proc, pid_file = slurm_world.start_in_allocation("--no-container", "recipe.py", env=WHOLE_NODES)
     wait_for_step(slurm_world, 5)
-    stderr = stop(proc, pid_file, signal.SIGTERM)
+    stderr = stop(proc, pid_file, sig)
 
-    assert proc.returncode == 143, stderr
+    assert proc.returncode == 128 + sig, stderr
     first, _, _ = summary(stderr)
-    assert first.startswith("srun.sh: hang report (srun.sh got SIGTERM): training was progressing: last step "), first
+    progressing = f"srun.sh: hang report (srun.sh got {sig.name}): training was progressing: last step "
+    assert first.startswith(progressing), first
     assert_blames_nobody(stderr, hang_report(slurm_world))
     assert "Ranks: 8 on 2 host(s); stacks from 8, answers from 8, flight recorder records from 8" in hang_report(
         slurm_world

@@ -118,20 +118,25 @@ def test_rank_hung_in_a_collective_is_named_with_its_node_within_the_deadline(sl
     assert ended - hung_since < HANG_DEADLINE_S + 15, "named long after the deadline"
 
 
-def test_batch_job_with_health_requeues_itself_without_the_failing_node(slurm_world: SrunWorld):
-    env = {"SRUNSH_HEALTH": "1", "SRUNSH_HEALTH_TIMEOUT_S": str(HANG_DEADLINE_S), "FAKE_HEALTH_HANG": "node2"}
-    env["SRUNSH_MAX_RETRIES"] = "1"
-    submitted = slurm_world.on_login_node(
-        [str(SRUN_SH), "--sbatch", "--nodes=1-2", "--gpus-per-node=2", "--", "--no-container", "recipe.py"], env=env
-    )
+def wait_for_batch_job(world: SrunWorld, *launch: str, env: dict[str, str]) -> tuple[str, str]:
+    """`srun.sh --sbatch LAUNCH` on the login node, until the job ended; its id and its log."""
+    submitted = world.on_login_node([str(SRUN_SH), "--sbatch", *launch], env=env)
     assert submitted.returncode == 0, submitted.stderr
     job = re.search(r"batch job (\d+)", submitted.stdout).group(1)
     deadline = time.monotonic() + 240
-    while slurm_world.cluster.job_listed(job):
+    while world.cluster.job_listed(job):
         assert time.monotonic() < deadline, "the job did not end"
         time.sleep(1)
+    return job, (world.dir / "outputs" / "recipe" / f"slurm-{job}.out").read_text()
 
-    log = (slurm_world.dir / "outputs" / "recipe" / f"slurm-{job}.out").read_text()
+
+def test_batch_job_with_health_requeues_itself_without_the_failing_node(slurm_world: SrunWorld):
+    env = {"SRUNSH_HEALTH": "1", "SRUNSH_HEALTH_TIMEOUT_S": str(HANG_DEADLINE_S), "FAKE_HEALTH_HANG": "node2"}
+    env["SRUNSH_MAX_RETRIES"] = "1"
+    job, log = wait_for_batch_job(
+        slurm_world, "--nodes=1-2", "--gpus-per-node=2", "--", "--no-container", "recipe.py", env=env
+    )
+
     assert NODE2_HUNG in log
     assert f"srun.sh: failed the health check on node2: requeueing job {job}" in log
     assert f"srun.sh: job {job} runs without node2 from now on (ExcNodeList=node2)" in log
@@ -142,6 +147,22 @@ def test_batch_job_with_health_requeues_itself_without_the_failing_node(slurm_wo
     assert {record["env"]["SLURM_RESTART_COUNT"] for record in records.values()} == {"1"}
     history = (slurm_world.dir / "outputs" / "recipe" / job / "logs" / "requeues.log").read_text()
     assert "restart 0: failed the health check on node2" in history
+
+
+def test_batch_job_that_excludes_the_nodes_failing_its_health_check_keeps_the_exclusions_it_had(
+    slurm_world_three: SrunWorld,
+):
+    """The user's own `sbatch --exclude=node3` holds after node2 failed the check: the job runs on node1 alone."""
+    env = {"SRUNSH_HEALTH": "1", "SRUNSH_HEALTH_TIMEOUT_S": str(HANG_DEADLINE_S), "FAKE_HEALTH_HANG": "node2"}
+    launch = ["--nodes=1-2", "--exclude=node3", "--gpus-per-node=2", "--", "--no-container", "recipe.py"]
+    job, log = wait_for_batch_job(slurm_world_three, *launch, env={**env, "SRUNSH_MAX_RETRIES": "1"})
+
+    assert NODE2_HUNG in log
+    assert f"srun.sh: job {job} runs without node2 from now on (ExcNodeList=node3,node2)" in log
+    assert "srun.sh: health check passed on all 1 node(s)" in log  # the second attempt, on node1 alone
+    records = slurm_world_three.records()
+    assert sorted(records) == [0, 1]
+    assert {record["host"] for record in records.values()} == {"node1"}
 
 
 def test_health_check_with_local_measures_the_node_among_its_ranks(srun_world: SrunWorld):

@@ -208,7 +208,8 @@ def test_python_that_cannot_run_torchrun_is_reported_with_the_end_of_the_launche
     assert srun_world.calls() == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGHUP: a closed terminal, a dropped ssh.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_signal_to_local_srun_sh_gives_every_rank_sigterm(srun_world: SrunWorld, sig: signal.Signals):
     proc = srun_world.start("--local", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "4", "FAKE_SLEEP": "300"})
     try:

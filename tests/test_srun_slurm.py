@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.slurm_cluster import ADDRESSES, NODES
+from tests.slurm_cluster import ADDRESSES, GPU_TYPE, NODES
 from tests.srun_world import ALLOCATION, HOSTILE_ARGS, REPO, SrunWorld, wait_gone
 
 pytest_plugins = ["tests.srun_world"]
@@ -63,6 +63,19 @@ def test_two_nodes_rendezvous_with_ranks_per_node_from_the_gpus_allocated(slurm_
         log = slurm_world.dir / "outputs" / "recipe" / run_id / "logs" / f"rank-{rank}.log"
         assert log.read_text() == f"rank {rank} started\n"
         assert f"{rank}: rank {rank} started" in result.stdout.splitlines()
+
+
+def test_typed_gpus_of_the_allocation_give_four_ranks_a_node(slurm_world: SrunWorld):
+    """The nodes' GPUs are typed (Gres=gpu:h100:4), and so is the request: SLURM_GPUS_PER_NODE=h100:4."""
+    result, steps = slurm_world.in_allocation(
+        "--no-container", "recipe.py", salloc=("--nodes=2", f"--gpus-per-node={GPU_TYPE}:4")
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert steps == 1
+    records = slurm_world.records()
+    assert_one_job_of(records, list(NODES), per_node=4)
+    assert {r["env"]["SLURM_GPUS_PER_NODE"] for r in records.values()} == {f"{GPU_TYPE}:4"}
 
 
 def test_a_node_with_one_rank_leaves_its_cpu_threads_to_torch(slurm_world: SrunWorld):
@@ -192,7 +205,8 @@ def pid_gone_eventually(pid: int) -> bool:
     return wait_gone([pid], timeout=10)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGHUP: a closed terminal, a dropped ssh.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_signal_to_srun_sh_gives_every_rank_on_both_nodes_sigterm(slurm_world: SrunWorld, sig: signal.Signals):
     proc, pid_file = slurm_world.start_in_allocation(
         "--no-container", "recipe.py", env={"SRUNSH_GPUS_PER_NODE": "2", "FAKE_SLEEP": "300"}
@@ -207,6 +221,7 @@ def test_signal_to_srun_sh_gives_every_rank_on_both_nodes_sigterm(slurm_world: S
             proc.communicate()
 
     assert proc.returncode == 128 + sig, stderr
+    assert f"srun.sh: got {sig.name}; sending SIGTERM to every rank" in stderr.splitlines()
     assert wait_gone([r["pid"] for r in records.values()])
     assert slurm_world.signals_seen() == {rank: ["SIGTERM"] for rank in range(4)}
 
