@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import entrypoint
-from launcher.config import checks, validation
+from launcher.config import checks
 from launcher.config.outputs import config_yaml
 from launcher.errors import UsageError
 from tests.conftest import REPO
@@ -79,16 +79,16 @@ def test_two_or_three_profilers_are_refused_naming_each(cfg):
 
 
 def test_cuda_graphs_need_te_rng_tracker_from_the_model_or_from_rng(cfg):
-    validation.check_cuda_graph_rng(cfg)  # the recipe's "none"
+    checks.check_cuda_graph_rng(cfg)  # the recipe's "none"
     cfg.model.cuda_graph_impl = "local"
     cfg.model.use_te_rng_tracker, cfg.rng.te_rng_tracker = False, False
-    assert refusal(lambda: validation.check_cuda_graph_rng(cfg)) == (
+    assert refusal(lambda: checks.check_cuda_graph_rng(cfg)) == (
         "model.cuda_graph_impl=local needs Transformer Engine's RNG tracker: add model.use_te_rng_tracker=true"
     )
     cfg.model.use_te_rng_tracker = True
-    validation.check_cuda_graph_rng(cfg)
+    checks.check_cuda_graph_rng(cfg)
     cfg.model.use_te_rng_tracker, cfg.rng.te_rng_tracker = False, True
-    validation.check_cuda_graph_rng(cfg)
+    checks.check_cuda_graph_rng(cfg)
 
 
 @pytest.mark.parametrize("world_size", [1, 4])
@@ -124,7 +124,7 @@ def expert_layout(cfg, ep: int | None, etp: int | None, pp: int = 1):
     [(None, None, 1, 3), (1, None, 1, 3), (1, 4, 1, 3), (2, None, 1, 4), (2, 2, 1, 8), (2, 1, 2, 4), (3, 1, 1, 6)],
 )
 def test_expert_parallel_layouts_that_divide_the_ranks_pass(cfg, ep, etp, pp, world_size: int):
-    validation.check_expert_parallelism(expert_layout(cfg, ep, etp, pp), world_size)
+    checks.check_expert_parallelism(expert_layout(cfg, ep, etp, pp), world_size)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_expert_parallel_layouts_that_divide_the_ranks_pass(cfg, ep, etp, pp, wo
     [((2, None, 1), 3, "2*1*1"), ((2, 2, 1), 6, "2*2*1"), ((2, 1, 2), 6, "2*1*2"), ((4, 1, 1), 2, "4*1*1")],
 )
 def test_expert_parallel_layouts_that_do_not_divide_the_ranks_are_refused(cfg, layout, world_size: int, product: str):
-    assert refusal(lambda: validation.check_expert_parallelism(expert_layout(cfg, *layout), world_size)) == (
+    assert refusal(lambda: checks.check_expert_parallelism(expert_layout(cfg, *layout), world_size)) == (
         f"{world_size} ranks do not divide into EP*ETP*PP = {product}: change the node count,"
         " model.expert_model_parallel_size or model.expert_tensor_parallel_size"
     )
@@ -143,7 +143,7 @@ def test_the_job_environment_holds_during_the_check_only(cfg, monkeypatch: pytes
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     cfg.model.tensor_model_parallel_size = 2  # tensor parallelism: Megatron wants CUDA_DEVICE_MAX_CONNECTIONS=1
     before = dict(os.environ)
-    with pytest.raises(KeyError), validation.job_environment(cfg, 16):
+    with pytest.raises(KeyError), checks.job_environment(cfg, 16):
         assert os.environ["WORLD_SIZE"] == "16"
         assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
         os.environ["LEFT_BY_THE_CHECK"] = "1"
@@ -156,7 +156,7 @@ def test_upstream_validation_works_on_a_copy_and_fills_in_what_it_derives(cfg):
     on the copy only, so the config a rank later hands to pretrain() is the one the user resolved."""
     cfg.model.tensor_model_parallel_size = 2
     before = config_yaml(cfg)
-    validated = validation.upstream_validated(cfg, 8)
+    validated = checks.upstream_validated(cfg, 8)
     assert validated is not cfg and validated.data_parallel_size == 4
     assert config_yaml(cfg) == before
     assert config_yaml(validated) != before
@@ -164,7 +164,7 @@ def test_upstream_validation_works_on_a_copy_and_fills_in_what_it_derives(cfg):
 
 def test_upstream_refusal_names_the_world_size_and_upstreams_first_line(cfg):
     cfg.model.tensor_model_parallel_size = 4
-    message = refusal(lambda: validation.upstream_validated(cfg, 6))
+    message = refusal(lambda: checks.upstream_validated(cfg, 6))
     assert message.startswith("Megatron Bridge refuses this config for 6 ranks: world size (6) is not divisible")
     assert message.endswith(" (ConfigContainer.validate(); change the override it names)")
     assert "\n" not in message
@@ -181,13 +181,13 @@ def test_a_validation_that_needs_the_gpu_is_left_to_the_ranks_only_without_one(
     deepep.model.tensor_model_parallel_size, deepep.model.sequence_parallel = 1, False
     deepep.model.moe_token_dispatcher_type, deepep.model.moe_flex_dispatcher_backend = "flex", "deepep"
     assert not torch.cuda.is_available()
-    assert validation.upstream_validated(deepep, 2) is None
+    assert checks.upstream_validated(deepep, 2) is None
     # Not validated here, the expert layout is still checked, on the config as given.
     deepep.model.expert_model_parallel_size = 3
     assert refusal(lambda: checks.check_config(deepep, 8)).startswith("8 ranks do not divide into EP*ETP*PP = 3*1*1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(RuntimeError):
-        validation.upstream_validated(deepep, 2)
+        checks.upstream_validated(deepep, 2)
 
 
 def test_without_a_world_size_only_the_checks_of_the_config_alone_run(cfg):
