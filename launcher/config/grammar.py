@@ -11,38 +11,30 @@ from launcher.assignments import NotAssignmentError, assignment
 from launcher.config.overrides import edits_keys, sweep_refusal, typed_value
 from launcher.errors import UsageError, first_line
 
+# What a sweep typed for a string may not hold: quotes, escapes, and the brackets of functions, lists, dicts and
+# interpolations, where the text typed and the string meant could differ.
+NOT_TEXT = set("'\"\\()[]{}$")
+
 
 def parse(arguments: list[str]) -> list[Override]:
-    """Parse NAME=VALUE arguments with Hydra's override grammar; refuse duplicates and sweeps."""
     parser = OverridesParser.create()
     parsed: list[Override] = []
     for argument in arguments:
-        override = parse_one(parser, argument)
+        try:
+            (override,) = parser.parse_overrides([argument])
+            assignment(argument)  # refuses `~` and `=VALUE`, whose empty NAME Hydra takes
+        except (HydraException, NotAssignmentError) as error:
+            reason = first_line(error) if isinstance(error, HydraException) else "NAME is empty"
+            raise UsageError(
+                f"malformed argument {argument!r}: expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000"
+                f" ({reason})"
+            ) from None
         if override.is_sweep_override() and not may_be_text(override):
             raise UsageError(sweep_refusal(override, None))
         if override.key_or_group in {earlier.key_or_group for earlier in parsed}:
             raise UsageError(f"{override.key_or_group!r} is given twice: keep one NAME=VALUE per key")
         parsed.append(override)
     return parsed
-
-
-def parse_one(parser: OverridesParser, argument: str) -> Override:
-    """The argument as Hydra reads it, once it is also an assignment as the launching host reads it."""
-    try:
-        (override,) = parser.parse_overrides([argument])
-        assignment(argument)  # refuses `~` and `=VALUE`, whose empty NAME Hydra takes
-        return override
-    except (HydraException, NotAssignmentError) as error:
-        reason = first_line(error) if isinstance(error, HydraException) else "NAME is empty"
-        raise UsageError(
-            f"malformed argument {argument!r}: expected NAME=VALUE in Hydra syntax, e.g. train.train_iters=1000"
-            f" ({reason})"
-        ) from None
-
-
-# What a sweep typed for a string may not hold: quotes, escapes, and the brackets of functions, lists, dicts and
-# interpolations, where the text typed and the string meant could differ.
-NOT_TEXT = set("'\"\\()[]{}$")
 
 
 def may_be_text(override: Override) -> bool:

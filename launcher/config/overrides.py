@@ -4,15 +4,12 @@ then the config it returns given this run's outputs, its mixed-precision preset 
 Each override is parsed in Hydra's grammar (launcher/config/grammar.py); Megatron Bridge's omegaconf_utils applies them.
 Refused here is what those would take silently: unknown keys, values of the wrong type, sweeps, `+`/`~` edits of
 dataclass fields that Megatron Bridge would drop. A field that takes only a string takes `a,b` (a sweep) as the text
-typed (dataset.split=90,5,5). A section an override sets a field of (inprocess_restart, nvrx_straggler) is created
-where the recipe left it None. `mixed_precision=NAME` is resolved here into the preset's MixedPrecisionConfig, so that a
-misspelt name is refused before anything starts and `mixed_precision.FIELD=VALUE` changes one of its fields.
+typed (dataset.split=90,5,5).
 """
 
 import dataclasses
 import difflib
 import inspect
-import os
 import types
 import typing
 from collections.abc import Callable
@@ -32,13 +29,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 import viztracer_plugin
+from launcher.config import outputs
 from launcher.errors import UsageError, first_line
 
 # What a recipe's configure() may raise for bad input; anything else is a bug and keeps its traceback.
 RECIPE_ERRORS = (ValueError, TypeError, KeyError, OSError, AssertionError, AttributeError, ImportError)
 SECTIONS = {"inprocess_restart": InProcessRestartConfig, "nvrx_straggler": NVRxStragglerDetectionConfig}
-# Megatron Bridge 0.6 recipes default to <cwd>/nemo_experiments/default/..., shared by every run started there.
-UPSTREAM_DEFAULT = Path.cwd() / "nemo_experiments" / "default"
 PRESET = "mixed_precision"
 
 
@@ -47,7 +43,7 @@ def configured(recipe: ModuleType, overrides: list[Override], run_dir: Path) -> 
     kwargs, config_overrides = split_for_configure(recipe.configure, overrides)
     cfg = build_config(recipe, kwargs)
     add_sections(cfg, config_overrides)
-    place_outputs(cfg, run_dir)
+    outputs.place_outputs(cfg, run_dir)
     config_overrides, preset = choose_preset(cfg, config_overrides)
     applied = {**kwargs, **preset, **apply(cfg, config_overrides)}
     # A run resumes from its own checkpoints (a requeued job, SRUNSH_RUN_ID=<earlier>), but some upstream recipes (the
@@ -71,9 +67,8 @@ def typed_value(override: Override) -> str:
 
 
 def takes_text_only(annotation: Any) -> bool:
-    """str, or str | None: a field for which a sweep can only mean the text typed."""
-    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    return annotation is str or (union and set(typing.get_args(annotation)) == {str, type(None)})
+    """A field for which a sweep can only mean the text typed (typing's Optional[str] is equal to str | None)."""
+    return annotation in (str, str | None)
 
 
 def as_text(override: Override, annotation: Any) -> Override:
@@ -130,34 +125,22 @@ def build_config(recipe: ModuleType, kwargs: dict[str, Any]) -> ConfigContainer:
 
 
 def add_sections(cfg: ConfigContainer, overrides: list[Override]) -> None:
-    """Each section of SECTIONS that an override sets a field of, with its defaults, where the recipe left it None."""
+    """Each section of SECTIONS that an override sets a field of, with its defaults, where the recipe left it None
+    (`inprocess_restart.enabled=true` on a recipe without in-process restart)."""
     for override in overrides:
         name, dot, _ = override.key_or_group.partition(".")
         if name in SECTIONS and dot and getattr(cfg, name) is None:
             setattr(cfg, name, SECTIONS[name]())
 
 
-def place_outputs(cfg: ConfigContainer, directory: Path) -> None:
-    """Move the outputs the recipe left at upstream's shared default into this run's directory."""
-    for section, field, leaf in (
-        (cfg.checkpoint, "save", "checkpoints"),
-        (cfg.checkpoint, "load", "checkpoints"),
-        (cfg.logger, "tensorboard_dir", "tb_logs"),
-    ):
-        value = getattr(section, field)
-        if value is not None and Path(value).is_relative_to(UPSTREAM_DEFAULT):
-            setattr(section, field, str(directory / leaf))
-    os.environ.setdefault("VIZTRACER_OUTPUT_DIR", str(directory / "viztracer"))
-
-
 def choose_preset(cfg: ConfigContainer, overrides: list[Override]) -> tuple[list[Override], dict[str, Any]]:
-    """Apply a `mixed_precision=NAME` override and resolve the preset name the config holds (Megatron Bridge would look
-    it up inside pretrain(), on every rank). Returns the other overrides, and the chosen preset (empty when the
-    recipe's is kept)."""
-    choices = [o for o in overrides if is_preset_choice(o)]
+    """Apply a `mixed_precision=NAME` override and resolve the preset name the config holds into its
+    MixedPrecisionConfig: a misspelt name is refused before anything starts (Megatron Bridge would look it up inside
+    pretrain(), on every rank), and `mixed_precision.FIELD=VALUE` changes one of its fields. Returns the other
+    overrides, and the chosen preset (empty when the recipe's is kept)."""
     applied: dict[str, Any] = {}
-    if choices:
-        cfg.mixed_precision = applied[PRESET] = choices[0].value()
+    for choice in filter(is_preset_choice, overrides):  # one at most: grammar.parse refuses a key given twice
+        cfg.mixed_precision = applied[PRESET] = choice.value()
     if isinstance(cfg.mixed_precision, str):
         try:
             cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)
