@@ -1,9 +1,9 @@
 """The data a run trains on, checked where the ranks will read it, before any of them joins the job; each failure is a
 one-line UsageError. Each dataset of the blend (data_paths=, dataset.blend / blend_per_split / data_path) must have its
-PREFIX.bin and PREFIX.idx, seen from inside the container (SRUNSH_MOUNT says when not); the
-index must describe exactly the bytes of the data file; the token ids (the header's dtype, a sample of sequences) must
-fit the tokenizer, a real one; and every split must be one megatron-core can build (launcher/config/splits.py).
-describe() is the line a run prints once: what it trains on, mock data included.
+PREFIX.bin and PREFIX.idx, seen from inside the container (SRUNSH_MOUNT says when not); the index must describe exactly
+the bytes of the data file; the token ids (the header's dtype, a sample of sequences) must fit the tokenizer, a real
+one; and every split must be one megatron-core can build (launcher/config/splits.py). describe() is the line a run
+prints once: what it trains on, mock data included.
 """
 
 import os
@@ -42,11 +42,11 @@ def datasets(cfg: ConfigContainer) -> list[tuple[str, float | None]]:
 
 def run_blends(dataset: BlendedMegatronDatasetConfig) -> tuple[Blend | None, Blends]:
     """The blend (or blend per split) megatron-core will read; Megatron Bridge makes data_path the blend."""
-    data_path = getattr(dataset, "data_path", None)
-    if dataset.blend is None and not any(dataset.blend_per_split or []) and data_path:
-        return get_blend_from_list(data_path.split() if isinstance(data_path, str) else list(data_path)), None
     if any(dataset.blend_per_split or []):
         return None, list(dataset.blend_per_split)
+    data_path = getattr(dataset, "data_path", None)
+    if dataset.blend is None and data_path:
+        return get_blend_from_list(data_path.split() if isinstance(data_path, str) else list(data_path)), None
     return dataset.blend, None
 
 
@@ -55,7 +55,7 @@ def check_data(cfg: ConfigContainer) -> None:
     if not listed:
         return
     vocab_size = tokenizer_vocab_size(cfg)
-    indexes = {}
+    indexes = {}  # held while the splits are checked: each one's sequence_lengths is a view of its mapped index
     for prefix in dict.fromkeys(prefix for prefix, _ in listed):
         if not is_object_storage_path(prefix):  # s3:// and msc:// data are megatron-core's to fetch and read
             indexes[prefix] = check_dataset(prefix, vocab_size, cfg.tokenizer.tokenizer_model)
