@@ -7,7 +7,7 @@ from megatron.bridge.recipes.deepseek.deepseek_v2 import deepseek_v2_lite_pretra
 from megatron.bridge.training.config import ConfigContainer
 
 from recipes import mla_query_projection
-from recipes.shared import apply_switches, from_hf
+from recipes.shared import DataPaths, apply_switches, from_hf
 
 HUB_ID = "deepseek-ai/DeepSeek-V2-Lite"
 
@@ -16,9 +16,10 @@ def configure(
     hf_path: str | None = None,
     moe_token_dispatcher_type: str | None = None,
     use_megatron_fsdp: bool = False,
-    data_paths: list[str | float] | str | None = None,
+    data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
+    switches = dict(locals())  # each keyword above is a switch of recipes/shared.py
     cfg = from_hf(deepseek_v2_lite_pretrain_config, HUB_ID, hf_path)
 
     # Parallelism: one TP shard per GPU of a node; EP=2 splits the 64 routed experts over 2 ranks.
@@ -45,11 +46,4 @@ def configure(
     # Checkpoint: none.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(
-        cfg,
-        moe_token_dispatcher_type=moe_token_dispatcher_type,
-        use_megatron_fsdp=use_megatron_fsdp,
-        data_paths=data_paths,
-        tokenizer_path=tokenizer_path,
-        hf_path=hf_path,
-    )
+    return apply_switches(cfg, **switches)

@@ -1,9 +1,8 @@
 """Llama 3 8B pretraining as in llama3_8b_pretrain.py, for H200 GPUs ("141 GB"): micro-batch 2 instead of 1.
 
-On 2 x H200 with Megatron FSDP (bench/results/launch-ab.md) micro-batch 2 gave 4.7% more tokens/s in
-FP8 current scaling and 3.6% more in BF16. Peak per GPU, in Megatron's GB of 10^9 bytes (an H200 has about 150):
-120 GB allocated and 129 GB reserved in FP8, 135 and 142 GB in BF16. More GPUs shard the weights and optimizer state
-further, but not the activations, which is why 80 GB GPUs (H100) keep llama3_8b_pretrain.py's micro-batch 1.
+On 2 x H200 with Megatron FSDP micro-batch 2 gave 4.7% more tokens/s in FP8 current scaling and 3.6% more in BF16, at
+up to 142 GB reserved a GPU (bench/results/launch-ab.md). More GPUs shard the weights and optimizer state further, but
+not the activations, which is why 80 GB GPUs (H100) keep llama3_8b_pretrain.py's micro-batch 1.
 
     salloc -N 2 ./srun.sh recipes/llama3_8b_h200_pretrain.py mixed_precision=bf16_with_fp8_current_scaling_mixed
 """
@@ -11,17 +10,16 @@ further, but not the activations, which is why 80 GB GPUs (H100) keep llama3_8b_
 from megatron.bridge.training.config import ConfigContainer
 
 from recipes import llama3_8b_pretrain
+from recipes.shared import DataPaths
 
 
 def configure(
     hf_path: str = str(llama3_8b_pretrain.ARCHITECTURE),
     use_megatron_fsdp: bool = True,
-    data_paths: list[str | float] | str | None = None,
+    data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    cfg = llama3_8b_pretrain.configure(
-        hf_path=hf_path, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
-    )
+    cfg = llama3_8b_pretrain.configure(**locals())
     # Half as many micro-batches a step, and Megatron FSDP gathers the weights and reduce-scatters the gradients once
     # per micro-batch.
     cfg.train.micro_batch_size = 2

@@ -12,7 +12,7 @@ from pathlib import Path
 from megatron.bridge.recipes.llama.llama3 import llama3_8b_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
 
-from recipes.shared import apply_switches, from_hf
+from recipes.shared import DataPaths, apply_switches, from_hf
 
 HUB_ID = "meta-llama/Meta-Llama-3-8B"
 ARCHITECTURE = Path(__file__).parent / "hf_configs" / "llama3_8b"
@@ -21,9 +21,10 @@ ARCHITECTURE = Path(__file__).parent / "hf_configs" / "llama3_8b"
 def configure(
     hf_path: str = str(ARCHITECTURE),
     use_megatron_fsdp: bool = True,
-    data_paths: list[str | float] | str | None = None,
+    data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
+    switches = dict(locals())  # each keyword above is a switch of recipes/shared.py
     cfg = from_hf(llama3_8b_pretrain_config, HUB_ID, hf_path)
 
     # Parallelism: FSDP shards parameters, gradients and optimizer state over all ranks; no TP/PP/CP needed at 8B.
@@ -44,6 +45,4 @@ def configure(
     # Checkpoint: none by default; saving with FSDP uses the fsdp_dtensor format the switch sets.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(
-        cfg, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path, hf_path=hf_path
-    )
+    return apply_switches(cfg, **switches)

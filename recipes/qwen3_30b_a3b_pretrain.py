@@ -6,7 +6,7 @@ salloc -N 2 ./srun.sh recipes/qwen3_30b_a3b_pretrain.py hf_path=/fsx/models/Qwen
 from megatron.bridge.recipes.qwen.h100.qwen3_moe import qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config
 from megatron.bridge.training.config import ConfigContainer
 
-from recipes.shared import apply_switches, from_hf
+from recipes.shared import DataPaths, apply_switches, from_hf
 
 HUB_ID = "Qwen/Qwen3-30B-A3B"
 
@@ -15,9 +15,10 @@ def configure(
     hf_path: str | None = None,
     moe_token_dispatcher_type: str | None = None,
     use_megatron_fsdp: bool = False,
-    data_paths: list[str | float] | str | None = None,
+    data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
+    switches = dict(locals())  # each keyword above is a switch of recipes/shared.py
     cfg = from_hf(qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, HUB_ID, hf_path)
 
     # Parallelism (upstream's 8-GPU layout): TP=4 with sequence parallel, PP=2, EP=4 over the 128 experts.
@@ -38,11 +39,4 @@ def configure(
     # Checkpoint: none.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(
-        cfg,
-        moe_token_dispatcher_type=moe_token_dispatcher_type,
-        use_megatron_fsdp=use_megatron_fsdp,
-        data_paths=data_paths,
-        tokenizer_path=tokenizer_path,
-        hf_path=hf_path,
-    )
+    return apply_switches(cfg, **switches)

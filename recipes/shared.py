@@ -1,8 +1,8 @@
-"""Switches every recipe shares, ours or a user's: offline Hugging Face models, the MoE dispatcher, Megatron FSDP, and
-the data to train on (mock data unless data_paths names prepared datasets).
+"""Switches every recipe shares, ours or a user's: offline Hugging Face models (from_hf), and the MoE dispatcher,
+Megatron FSDP and the data to train on (apply_switches; mock data unless data_paths names prepared datasets).
 
-A recipe calls these on the ConfigContainer it builds; `entrypoint.py` passes the matching `NAME=VALUE` arguments to
-the recipe's `configure()`. Each switch raises ValueError with a message a user can act on.
+`entrypoint.py` passes the matching `NAME=VALUE` arguments to the recipe's `configure()`, which hands them on here. Each
+switch raises ValueError with a message a user can act on.
 """
 
 from __future__ import annotations
@@ -15,49 +15,55 @@ from typing import TYPE_CHECKING
 from megatron.bridge.recipes.utils.dataset_utils import get_blend_fields_from_data_paths
 from megatron.bridge.training.config import ConfigContainer, GPTDatasetConfig, MockGPTDatasetConfig
 
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
-TOKENIZER_PATTERN = "tokenizer*"  # tokenizer.json, tokenizer_config.json, tokenizer.model
-DISPATCHERS = ("allgather", "alltoall", "flex", "deepep")
-
 if TYPE_CHECKING:
     from megatron.bridge import AutoBridge
 
+DataPaths = list[str | float] | str | None  # data_paths=[0.7,/fsx/a,0.3,/fsx/b], or Megatron's "0.7 /fsx/a 0.3 /fsx/b"
+DISPATCHERS = ("allgather", "alltoall", "flex", "deepep")
 
-def local_hf_dir(hf_path: str) -> Path:
-    """Check that hf_path is a Hugging Face model directory (config.json, optionally weights)."""
-    path = Path(hf_path)
-    if not path.is_dir():
+
+def from_hf(upstream: Callable[[], ConfigContainer], hub_id: str, hf_path: str | None) -> ConfigContainer:
+    """Build an upstream recipe; with hf_path, its architecture (and starting weights, if present) come from there
+    instead of the Hugging Face hub's `hub_id`."""
+    if hf_path is None:
+        return upstream()
+    local_dir = Path(hf_path)
+    if not local_dir.is_dir():
         raise ValueError(f"hf_path '{hf_path}' is not a directory: point hf_path at a local Hugging Face model folder")
-    if not (path / "config.json").is_file():
+    if not (local_dir / "config.json").is_file():
         raise ValueError(
             f"hf_path '{hf_path}' has no config.json: point hf_path at a Hugging Face model folder "
             "(the one holding config.json and, for starting weights, *.safetensors)"
         )
-    return path
-
-
-def has_weights(path: Path) -> bool:
-    return any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS)
+    with hub_id_served_from(hub_id, local_dir) as bridges:
+        cfg = upstream()
+    if not bridges:
+        raise ValueError(f"recipe {upstream.__name__} does not read '{hub_id}': hf_path cannot apply to it")
+    if cfg.tokenizer.tokenizer_model == hub_id:
+        use_local_tokenizer(cfg, local_dir)
+    if any(next(local_dir.glob(pattern), None) for pattern in ("*.safetensors", "pytorch_model*.bin")):
+        # Weights are loaded into the built model before DDP/FSDP wraps it; random init would be thrown away.
+        cfg.model.perform_initialization = False
+        cfg.model.register_pre_wrap_hook(bridges[-1].load_hf_weights)
+    return cfg
 
 
 @contextmanager
 def hub_id_served_from(hub_id: str, local_dir: Path) -> Iterator[list[AutoBridge]]:
-    """While active, AutoBridge.from_hf_pretrained(hub_id) reads local_dir instead of the hub.
+    """While active, AutoBridge.from_hf_pretrained(hub_id) reads local_dir instead of the hub; yields the bridges built.
 
     Upstream recipes (megatron-bridge 0.6.2, e.g. deepseek_v2_lite_pretrain_8gpu_h100_bf16_config) build their model
     with `AutoBridge.from_hf_pretrained("<hub id>")` and take no arguments, so this is the one way to keep every other
-    upstream setting while reading the architecture offline. Yields the bridges built from local_dir.
+    upstream setting while reading the architecture offline.
     """
-    # Hugging Face conversion imports every model bridge: only with hf_path.
-    from megatron.bridge import AutoBridge
+    from megatron.bridge import AutoBridge  # Hugging Face conversion imports every model bridge: only with hf_path
 
     original = AutoBridge.__dict__["from_hf_pretrained"]
     built: list[AutoBridge] = []
 
     def from_local(cls: type[AutoBridge], path: str | Path, **kwargs: object) -> AutoBridge:
-        bridge = original.__func__(cls, local_dir if str(path) == hub_id else path, **kwargs)
-        built.append(bridge)
-        return bridge
+        built.append(original.__func__(cls, local_dir if str(path) == hub_id else path, **kwargs))
+        return built[-1]
 
     AutoBridge.from_hf_pretrained = classmethod(from_local)
     try:
@@ -66,33 +72,9 @@ def hub_id_served_from(hub_id: str, local_dir: Path) -> Iterator[list[AutoBridge
         AutoBridge.from_hf_pretrained = original
 
 
-def from_hf(upstream: Callable[[], ConfigContainer], hub_id: str, hf_path: str | None) -> ConfigContainer:
-    """Build an upstream recipe; with hf_path, its architecture (and starting weights, if present) come from there.
-
-    Without hf_path the upstream recipe reads `hub_id` from the Hugging Face hub, as upstream does.
-    """
-    if hf_path is None:
-        return upstream()
-    local_dir = local_hf_dir(hf_path)
-    with hub_id_served_from(hub_id, local_dir) as bridges:
-        cfg = upstream()
-    if not bridges:
-        raise ValueError(f"recipe {upstream.__name__} does not read '{hub_id}': hf_path cannot apply to it")
-    use_local_tokenizer(cfg, hub_id, local_dir)
-    if has_weights(local_dir):
-        # Weights are loaded into the built model before DDP/FSDP wraps it; random init would be thrown away.
-        cfg.model.perform_initialization = False
-        cfg.model.register_pre_wrap_hook(bridges[-1].load_hf_weights)
-    return cfg
-
-
-def use_local_tokenizer(cfg: ConfigContainer, hub_id: str, local_dir: Path) -> None:
-    """A recipe whose tokenizer is the hub model's takes it from local_dir, or the null tokenizer if it has none.
-
-    Mock data needs only a vocabulary size; real data needs the model's tokenizer files next to config.json.
-    """
-    if cfg.tokenizer.tokenizer_model != hub_id:
-        return
+def use_local_tokenizer(cfg: ConfigContainer, local_dir: Path) -> None:
+    """The hub model's tokenizer from local_dir, or the null tokenizer if it has none: mock data needs only a
+    vocabulary size; real data needs the model's tokenizer files next to config.json."""
     cfg.tokenizer.hf_tokenizer_kwargs = {}
     if has_tokenizer(local_dir):
         cfg.tokenizer.tokenizer_model = str(local_dir)
@@ -103,15 +85,7 @@ def use_local_tokenizer(cfg: ConfigContainer, hub_id: str, local_dir: Path) -> N
 
 
 def has_tokenizer(path: Path) -> bool:
-    return next(path.glob(TOKENIZER_PATTERN), None) is not None
-
-
-def set_hf_tokenizer(cfg: ConfigContainer, directory: str) -> None:
-    """The Hugging Face tokenizer in directory, with its own vocabulary size."""
-    cfg.tokenizer.tokenizer_type = "HuggingFaceTokenizer"
-    cfg.tokenizer.tokenizer_model = directory
-    cfg.tokenizer.hf_tokenizer_kwargs = {}
-    cfg.tokenizer.vocab_size = None
+    return next(path.glob("tokenizer*"), None) is not None  # tokenizer.json, tokenizer_config.json, tokenizer.model
 
 
 def is_number(word: str) -> bool:
@@ -123,10 +97,7 @@ def is_number(word: str) -> bool:
 
 
 def blend_list(data_paths: list[str | float] | str) -> list[str]:
-    """data_paths as the list Megatron's --data-path takes: prefixes, or weight and prefix pairs.
-
-    A list (data_paths=[0.7,/fsx/a,0.3,/fsx/b]) or Megatron's own whitespace-separated form ("0.7 /fsx/a 0.3 /fsx/b").
-    """
+    """data_paths as the list Megatron's --data-path takes: prefixes, or weight and prefix pairs."""
     words = data_paths.split() if isinstance(data_paths, str) else [str(word) for word in data_paths]
     example = "data_paths=/fsx/data/web, data_paths=[/fsx/a,/fsx/b] or data_paths=[0.7,/fsx/a,0.3,/fsx/b]"
     if not words:
@@ -136,16 +107,14 @@ def blend_list(data_paths: list[str | float] | str) -> list[str]:
     if weighted and any(float(weight) <= 0 for weight in weights):
         raise ValueError(f"data_paths '{' '.join(words)}' has a weight of 0 or less: each weight must be above 0")
     if not weighted and any(map(is_number, words)):
-        given = " ".join(words)
         raise ValueError(
-            f"data_paths '{given}' mixes numbers and prefixes: give prefixes, or WEIGHT PREFIX pairs: {example}"
+            f"data_paths '{' '.join(words)}' mixes numbers and prefixes: give prefixes, or WEIGHT PREFIX pairs:"
+            f" {example}"
         )
     return words
 
 
-def set_data(
-    cfg: ConfigContainer, data_paths: list[str | float] | str | None, tokenizer_path: str | None, hf_path: str | None
-) -> None:
+def set_data(cfg: ConfigContainer, data_paths: DataPaths, tokenizer_path: str | None, hf_path: str | None) -> None:
     """Train on the Megatron indexed datasets (PREFIX.bin + PREFIX.idx, tools/prepare_data.py) of data_paths instead of
     mock data, with the tokenizer they were prepared with: tokenizer_path, else hf_path's when it holds one.
 
@@ -155,7 +124,10 @@ def set_data(
     if tokenizer_path is None and data_paths is not None and hf_path is not None and has_tokenizer(Path(hf_path)):
         tokenizer_path = hf_path
     if tokenizer_path is not None:
-        set_hf_tokenizer(cfg, tokenizer_path)
+        cfg.tokenizer.tokenizer_type = "HuggingFaceTokenizer"
+        cfg.tokenizer.tokenizer_model = tokenizer_path
+        cfg.tokenizer.hf_tokenizer_kwargs = {}
+        cfg.tokenizer.vocab_size = None  # the tokenizer's own
     if data_paths is None:
         return
     if not isinstance(cfg.dataset, GPTDatasetConfig) or isinstance(cfg.dataset, MockGPTDatasetConfig):
@@ -168,7 +140,7 @@ def set_data(
 
 
 def set_moe_dispatcher(cfg: ConfigContainer, dispatcher: str | None) -> None:
-    """Choose the MoE token dispatcher; 'deepep' is the flex dispatcher with the DeepEP backend."""
+    """'deepep' is the flex dispatcher with the DeepEP backend."""
     if dispatcher is None:
         return
     if dispatcher not in DISPATCHERS:
@@ -182,10 +154,8 @@ def set_moe_dispatcher(cfg: ConfigContainer, dispatcher: str | None) -> None:
         cfg.model.moe_token_dispatcher_type = dispatcher
 
 
-def set_megatron_fsdp(cfg: ConfigContainer, enabled: bool) -> None:
+def set_megatron_fsdp(cfg: ConfigContainer) -> None:
     """Megatron FSDP with fully sharded optimizer state, gradients and parameters, and its checkpoint format."""
-    if not enabled:
-        return
     cfg.dist.use_megatron_fsdp = True
     cfg.ddp.use_megatron_fsdp = True
     cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
@@ -199,12 +169,13 @@ def apply_switches(
     *,
     moe_token_dispatcher_type: str | None = None,
     use_megatron_fsdp: bool = False,
-    data_paths: list[str | float] | str | None = None,
+    data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
     hf_path: str | None = None,
 ) -> ConfigContainer:
     """Apply every shared switch a recipe exposes as a configure() keyword (hf_path: where from_hf read the model)."""
     set_moe_dispatcher(cfg, moe_token_dispatcher_type)
-    set_megatron_fsdp(cfg, use_megatron_fsdp)
+    if use_megatron_fsdp:
+        set_megatron_fsdp(cfg)
     set_data(cfg, data_paths, tokenizer_path, hf_path)
     return cfg

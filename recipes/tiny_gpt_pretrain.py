@@ -10,14 +10,13 @@ its vocabulary is the tokenizer's:
 from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
 
-from recipes.shared import apply_switches
+from recipes.shared import DataPaths, apply_switches
 
 
 def configure(
-    use_megatron_fsdp: bool = False,
-    data_paths: list[str | float] | str | None = None,
-    tokenizer_path: str | None = None,
+    use_megatron_fsdp: bool = False, data_paths: DataPaths = None, tokenizer_path: str | None = None
 ) -> ConfigContainer:
+    switches = dict(locals())  # each keyword above is a switch of recipes/shared.py
     cfg = vanilla_gpt_pretrain_config()
 
     # Model: 4 layers of Llama-style blocks, Transformer Engine layers.
@@ -45,6 +44,4 @@ def configure(
     # Checkpoint: none by default (`checkpoint.save_interval=50` turns saving on).
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(
-        cfg, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
-    )
+    return apply_switches(cfg, **switches)
