@@ -9,6 +9,7 @@ This is the one module that patches Megatron Bridge. It wraps, in megatron-bridg
 """
 
 import atexit
+import functools
 import os
 import signal
 import sys
@@ -24,6 +25,15 @@ from megatron.bridge.training.config import ConfigContainer, ProfilingConfig
 from viztracer import VizTracer
 
 PATCHED = ("handle_profiling_step", "handle_profiling_stop")
+# The profiler switches of a profiling config (Megatron Bridge's two and ours), with the names the log uses.
+PROFILERS = {"use_nsys_profiler": "nsys", "use_pytorch_profiler": "pytorch", "use_viztracer": "viztracer"}
+# How long a rank that must wait for its trace writer (at exit, or stopped by SIGTERM) waits before it stops the
+# writer, which a hung file system would otherwise let hold the rank forever. A full buffer takes about a second; 20 s
+# stays inside srun.sh's 30 s grace and SLURM's default KillWait (30 s): the rank reports a stuck writer itself.
+WRITER_DEADLINE_S = 20.0
+# Stopping a job signals every process of the rank (srun.sh signals its process group, slurmstepd every process of
+# the step): the trace writer is one of them, and must live through these.
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 @dataclass(kw_only=True)
@@ -31,7 +41,6 @@ class VizTracerProfilingConfig(ProfilingConfig):
     """Megatron Bridge's ProfilingConfig plus `use_viztracer`, a real field so OmegaConf accepts the override."""
 
     use_viztracer: bool = False
-    """Trace Python with VizTracer over the profiling window (exclusive with the nsys and PyTorch profilers)."""
 
     def finalize(self) -> None:
         super().finalize()
@@ -45,26 +54,24 @@ class VizTracerProfilingConfig(ProfilingConfig):
 def add_viztracer_field(cfg: ConfigContainer) -> None:
     """Give cfg.profiling the use_viztracer field, keeping every value the recipe set."""
     profiling = cfg.profiling if cfg.profiling is not None else ProfilingConfig()
-    if isinstance(profiling, VizTracerProfilingConfig):
-        return
-    values = {f.name: getattr(profiling, f.name) for f in fields(profiling) if f.init}
-    cfg.profiling = VizTracerProfilingConfig(**values)
+    if not isinstance(profiling, VizTracerProfilingConfig):
+        cfg.profiling = VizTracerProfilingConfig(
+            **{f.name: getattr(profiling, f.name) for f in fields(profiling) if f.init}
+        )
 
 
-def trace_path(rank: int) -> Path:
-    run_id = os.environ.get("RUN_ID", f"pid{os.getpid()}")
-    directory = Path(os.environ.get("VIZTRACER_OUTPUT_DIR", Path("viztracer_output") / run_id))
-    return directory / f"trace_rank{rank}.json"
+def active_profilers(config: Any) -> list[str]:
+    """The switches that are on, e.g. ['use_nsys_profiler'] (none for a missing config)."""
+    return [flag for flag in PROFILERS if getattr(config, flag, False)]
 
 
-# How long a rank that must wait for its trace writer (at exit, or stopped by SIGTERM) waits before it stops the
-# writer, which a hung file system would otherwise let hold the rank forever. A full buffer takes about a second; 20 s
-# stays inside srun.sh's 30 s grace and SLURM's default KillWait (30 s): the rank reports a stuck writer itself.
-WRITER_DEADLINE_S = 20.0
+def profiled(config: Any, rank: int) -> bool:
+    """Whether this rank profiles at all (Megatron Bridge reads an empty profile_ranks as every rank)."""
+    return bool(active_profilers(config)) and (not config.profile_ranks or rank in config.profile_ranks)
 
-# Stopping a job signals every process of the rank (srun.sh signals its process group, slurmstepd every process of
-# the step): the trace writer is one of them, and must live through these.
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+def say(rank: int, what: str) -> None:
+    print(f"[profiling] rank {rank}: {what}", flush=True)
 
 
 class WindowTracer:
@@ -81,13 +88,13 @@ class WindowTracer:
 
     def __init__(self) -> None:
         self.tracer: VizTracer | None = None
-        self.written: VizTracer | None = None  # stopped; its forked writer still reads the buffer
-        self.writer_pid: int | None = None
+        self.writer: tuple[int, VizTracer] | None = None  # the forked writer's pid, and the stopped tracer it reads
         self.rank = 0
         self.used = False
 
     def start(self, rank: int) -> None:
-        path = trace_path(rank)
+        run_id = os.environ.get("RUN_ID", f"pid{os.getpid()}")
+        path = Path(os.environ.get("VIZTRACER_OUTPUT_DIR", Path("viztracer_output") / run_id), f"trace_rank{rank}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         # register_global=False: VizTracer would otherwise keep a global reference alive into interpreter shutdown.
         # dump_raw=True: VizTracer's C writer (unless log_torch merges a torch trace), several times faster than its
@@ -101,8 +108,7 @@ class WindowTracer:
             dump_raw=True,
         )
         self.tracer.start()
-        self.rank = rank
-        self.used = True
+        self.rank, self.used = rank, True
         # Only over the default action: a handler installed before (Megatron Bridge's train.exit_signal_handler)
         # stops training at the next step, and the window is then written at exit like any other.
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -110,36 +116,36 @@ class WindowTracer:
 
     def stop(self) -> None:
         """End the window; a forked child writes the trace."""
-        if self.tracer is None:
-            return
-        self.written, self.tracer = self.tracer, None
-        self.written.stop()
-        self.written.setpid()  # the trace names this rank's pid, not the writer's
-        self.writer_pid = fork_writer(self.written)
+        if self.tracer is not None:
+            tracer, self.tracer = self.tracer, None
+            tracer.stop()
+            tracer.setpid()  # the trace names this rank's pid, not the writer's
+            self.writer = fork_writer(tracer), tracer
 
     def reap(self, wait: bool) -> None:
         """Once the writer has exited: report how it ended and free the trace buffer. With wait, a writer still
         running after WRITER_DEADLINE_S is killed."""
-        if self.writer_pid is None or self.written is None:
+        if self.writer is None:
             return
-        code = writer_exit_code(self.writer_pid, WRITER_DEADLINE_S if wait else 0.0)
+        pid, tracer = self.writer
+        code = writer_exit_code(pid, WRITER_DEADLINE_S if wait else 0.0)
         if code is None and not wait:
             return
-        path = self.written.output_file
+        path = tracer.output_file
         if code is None:
-            os.kill(self.writer_pid, signal.SIGKILL)
-            os.waitpid(self.writer_pid, 0)
-            print(
-                f"[profiling] rank {self.rank}: viztracer writer did not finish writing {path} within"
-                f" {WRITER_DEADLINE_S:g} s; stopped it, the trace is missing or incomplete",
-                flush=True,
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            say(
+                self.rank,
+                f"viztracer writer did not finish writing {path} within {WRITER_DEADLINE_S:g} s; stopped it, the trace"
+                " is missing or incomplete",
             )
         elif code == 0:
-            print(f"[profiling] rank {self.rank}: viztracer trace written to {path}", flush=True)
+            say(self.rank, f"viztracer trace written to {path}")
         else:
-            print(f"[profiling] rank {self.rank}: viztracer failed to write {path} (see its error above)", flush=True)
-        release(self.written)
-        self.writer_pid = self.written = None
+            say(self.rank, f"viztracer failed to write {path} (see its error above)")
+        release(tracer)
+        self.writer = None
         self.restore_sigterm()
 
     def flush(self) -> None:
@@ -152,7 +158,7 @@ class WindowTracer:
             tracer.stop()
             tracer.save()
             release(tracer)
-            print(f"[profiling] rank {self.rank}: viztracer trace written to {tracer.output_file}", flush=True)
+            say(self.rank, f"viztracer trace written to {tracer.output_file}")
         self.reap(wait=True)
         self.restore_sigterm()
 
@@ -165,7 +171,7 @@ class WindowTracer:
     def restore_sigterm(self) -> None:
         """Once nothing is left to write, SIGTERM gets its default action back, unless someone replaced our handler."""
         ours = signal.getsignal(signal.SIGTERM) == self.save_then_terminate
-        if ours and self.tracer is None and self.writer_pid is None:
+        if ours and self.tracer is None and self.writer is None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def save_then_terminate(self, signum: int, frame: FrameType | None) -> None:
@@ -210,13 +216,11 @@ def fork_writer(tracer: VizTracer) -> int:
 def writer_exit_code(pid: int, timeout_s: float) -> int | None:
     """The writer's exit code (negative: the signal that ended it), or None while it still runs after timeout_s."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
+    while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
+    return os.waitstatus_to_exitcode(ended[1])
 
 
 def release(tracer: VizTracer) -> None:
@@ -226,26 +230,6 @@ def release(tracer: VizTracer) -> None:
 
 
 WINDOW = WindowTracer()
-
-
-# The profiler switches of a profiling config (Megatron Bridge's two and ours), with the names the log uses.
-PROFILERS = {"use_nsys_profiler": "nsys", "use_pytorch_profiler": "pytorch", "use_viztracer": "viztracer"}
-
-
-def active_profilers(config: Any) -> list[str]:
-    """The switches that are on, e.g. ['use_nsys_profiler'] (none for a missing config)."""
-    return [flag for flag in PROFILERS if getattr(config, flag, False)]
-
-
-def profiled(config: Any, rank: int) -> bool:
-    """Whether this rank profiles at all (Megatron Bridge reads an empty profile_ranks as every rank)."""
-    return bool(active_profilers(config)) and (not config.profile_ranks or rank in config.profile_ranks)
-
-
-def announce(config: Any, rank: int, event: str) -> None:
-    """One log line where the window really opens or closes, so a user can match a report to its steps."""
-    names = "+".join(PROFILERS[flag] for flag in active_profilers(config))
-    print(f"[profiling] rank {rank}: {names} window {event}", flush=True)
 
 
 def exit_traced_process(status: int) -> None:
@@ -260,11 +244,16 @@ def exit_traced_process(status: int) -> None:
 
 
 def install() -> None:
-    """Wrap Megatron Bridge's per-step profiling hooks so they also drive VizTracer. Idempotent."""
+    """Wrap Megatron Bridge's per-step profiling hooks so they also drive VizTracer and say where the window really
+    opens and closes, so that a user can match a report to its steps. Idempotent."""
     step_hook, stop_hook = (getattr(upstream_train, name) for name in PATCHED)
     if getattr(step_hook, "__wrapped__", None) is not None:
         return
 
+    def announce(config: Any, rank: int, event: str) -> None:
+        say(rank, f"{'+'.join(PROFILERS[flag] for flag in active_profilers(config))} window {event}")
+
+    @functools.wraps(step_hook)
     def handle_profiling_step(config: Any, iteration: int, rank: int, pytorch_prof: Any) -> Any:
         nvtx_context = step_hook(config, iteration, rank, pytorch_prof)
         WINDOW.reap(wait=False)
@@ -275,6 +264,7 @@ def install() -> None:
             announce(config, rank, f"opens before step {iteration + 1}")
         return nvtx_context
 
+    @functools.wraps(stop_hook)
     def handle_profiling_stop(
         config: Any, iteration: int, rank: int, pytorch_prof: Any, nsys_nvtx_context: Any = None
     ) -> None:
@@ -284,8 +274,6 @@ def install() -> None:
                 WINDOW.stop()
             announce(config, rank, f"closes after step {iteration}")
 
-    handle_profiling_step.__wrapped__ = step_hook
-    handle_profiling_stop.__wrapped__ = stop_hook
     upstream_train.handle_profiling_step = handle_profiling_step
     upstream_train.handle_profiling_stop = handle_profiling_stop
     atexit.register(WINDOW.flush)
