@@ -186,7 +186,6 @@ def check_token_ids(prefix: str, index: IndexedDataset, vocab_size: int, tokeniz
 
 
 def describe(cfg: ConfigContainer) -> str | None:
-    """What the run trains on, in one line: its datasets and tokenizer, or mock data."""
     listed = datasets(cfg)
     if not listed:
         if not isinstance(cfg.dataset, BlendedMegatronDatasetConfig):

@@ -92,7 +92,6 @@ def sweep_refusal(override: Override, annotation: Any) -> str:
 def split_for_configure(
     configure: Callable[..., ConfigContainer], overrides: list[Override]
 ) -> tuple[dict[str, Any], list[Override]]:
-    """Overrides named like a configure() parameter become its keyword arguments; the rest edit the config."""
     parameters = inspect.signature(configure).parameters
     kwargs: dict[str, Any] = {}
     config_overrides: list[Override] = []

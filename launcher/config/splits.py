@@ -149,7 +149,6 @@ NO_TOKENS, NO_SAMPLE = "no tokens", "no sample"
 
 
 def unbuildable(part: Part, dataset: BlendedMegatronDatasetConfig) -> str | None:
-    """NO_TOKENS or NO_SAMPLE where megatron-core cannot build the part, else None."""
     if part.samples is not None and part.tokens == 0:
         return NO_TOKENS
     if part.samples is None and one_epoch_samples(part, dataset) <= 0:
