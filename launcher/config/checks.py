@@ -25,21 +25,16 @@ REFUSALS = (AssertionError, ValueError, TypeError, KeyError, NotImplementedError
 def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
     """Every check, in the order a user meets their errors; world_size: the job's ranks, None where unknown (then
     what depends on it is left out)."""
-    training = training_world_size(cfg, world_size)
+    # With in-process restart, active_world_size of the job's ranks train; the rest are warm spares.
+    restart = cfg.inprocess_restart
+    active = restart.active_world_size if restart is not None and restart.enabled else None
+    training = world_size if world_size is None or active is None else active
     check_profiling(cfg, training)
     check_cuda_graph_rng(cfg)
     if training is not None:
         check_expert_parallelism(upstream_validated(cfg, training) or cfg, training)
     inprocess.check_restart(cfg, world_size)
     data.check_data(cfg)
-
-
-def training_world_size(cfg: ConfigContainer, world_size: int | None) -> int | None:
-    """The ranks that train: with in-process restart, active_world_size of them; the rest are warm spares."""
-    restart = cfg.inprocess_restart
-    if world_size is None or restart is None or not restart.enabled or restart.active_world_size is None:
-        return world_size
-    return restart.active_world_size
 
 
 def check_profiling(cfg: ConfigContainer, world_size: int | None) -> None:
