@@ -19,7 +19,6 @@ def configure(
     data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    switches = dict(locals())  # each keyword above is a switch of recipes/shared.py
     cfg = from_hf(deepseek_v2_lite_pretrain_config, HUB_ID, hf_path)
 
     # Parallelism: one TP shard per GPU of a node; EP=2 splits the 64 routed experts over 2 ranks.
@@ -46,4 +45,11 @@ def configure(
     # Checkpoint: none.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, **switches)
+    return apply_switches(
+        cfg,
+        hf_path=hf_path,
+        moe_token_dispatcher_type=moe_token_dispatcher_type,
+        use_megatron_fsdp=use_megatron_fsdp,
+        data_paths=data_paths,
+        tokenizer_path=tokenizer_path,
+    )

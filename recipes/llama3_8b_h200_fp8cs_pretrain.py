@@ -23,7 +23,9 @@ def configure(
     data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    cfg = llama3_8b_h200_pretrain.configure(**locals())
+    cfg = llama3_8b_h200_pretrain.configure(
+        hf_path=hf_path, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
+    )
     cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()
     cfg.mixed_precision.first_last_layers_bf16 = False
     # The same weights and parameter names as the unfused MLP: Hugging Face weights and checkpoints still map.

@@ -24,7 +24,6 @@ def configure(
     data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    switches = dict(locals())  # each keyword above is a switch of recipes/shared.py
     cfg = from_hf(llama3_8b_pretrain_config, HUB_ID, hf_path)
 
     # Parallelism: FSDP shards parameters, gradients and optimizer state over all ranks; no TP/PP/CP needed at 8B.
@@ -45,4 +44,6 @@ def configure(
     # Checkpoint: none by default; saving with FSDP uses the fsdp_dtensor format the switch sets.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, **switches)
+    return apply_switches(
+        cfg, hf_path=hf_path, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
+    )

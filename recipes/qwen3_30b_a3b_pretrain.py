@@ -18,7 +18,6 @@ def configure(
     data_paths: DataPaths = None,
     tokenizer_path: str | None = None,
 ) -> ConfigContainer:
-    switches = dict(locals())  # each keyword above is a switch of recipes/shared.py
     cfg = from_hf(qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config, HUB_ID, hf_path)
 
     # Parallelism (upstream's 8-GPU layout): TP=4 with sequence parallel, PP=2, EP=4 over the 128 experts.
@@ -39,4 +38,11 @@ def configure(
     # Checkpoint: none.
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, **switches)
+    return apply_switches(
+        cfg,
+        hf_path=hf_path,
+        moe_token_dispatcher_type=moe_token_dispatcher_type,
+        use_megatron_fsdp=use_megatron_fsdp,
+        data_paths=data_paths,
+        tokenizer_path=tokenizer_path,
+    )

@@ -16,7 +16,6 @@ from recipes.shared import DataPaths, apply_switches
 def configure(
     use_megatron_fsdp: bool = False, data_paths: DataPaths = None, tokenizer_path: str | None = None
 ) -> ConfigContainer:
-    switches = dict(locals())  # each keyword above is a switch of recipes/shared.py
     cfg = vanilla_gpt_pretrain_config()
 
     # Model: 4 layers of Llama-style blocks, Transformer Engine layers.
@@ -44,4 +43,6 @@ def configure(
     # Checkpoint: none by default (`checkpoint.save_interval=50` turns saving on).
     cfg.checkpoint.save_interval = 0
 
-    return apply_switches(cfg, **switches)
+    return apply_switches(
+        cfg, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
+    )
