@@ -8,7 +8,7 @@ it is `~` and more, or has a `=` after a first character that is no `=`; any oth
 
 import dataclasses
 
-from launcher.errors import q
+from launcher.errors import UsageError, q
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Assignment:
     text: str
 
 
-class NotAssignmentError(ValueError):
+class NotAssignmentError(UsageError, ValueError):
     """An argument that is neither NAME=VALUE nor ~NAME; the message is srun.sh's line for it."""
 
     def __init__(self, text: str) -> None:

@@ -1,5 +1,5 @@
 """The one exception type a user sees, and how a rank says it: one line, exit status 2, before any rank joins. srun.sh's
-supervisor on the launching host raises it too, and says it there (launcher/host/supervisor.py)."""
+supervisor on the launching host raises it too, and says it and its other lines there with `say`."""
 
 import os
 import shlex
@@ -29,6 +29,12 @@ def report(error: UsageError) -> None:
         except OSError:
             pass  # no run directory to leave it in: say it here
     sys.stderr.write(line)
+
+
+def say(line: str) -> None:
+    """A line of srun.sh's on stderr, as bytes: a path that is no UTF-8 keeps its own."""
+    sys.stderr.buffer.write(os.fsencode(f"{line}\n"))
+    sys.stderr.flush()
 
 
 def q(value: str) -> str:

@@ -1,13 +1,6 @@
 """The files of a run's folder (RUN_DIR) that the launching host and the ranks share, by name, and the few ways they
-are read. Standard library only: both sides import it.
-
-    RUN_DIR/launch-plan.json       the launch plan (launcher/host/plan.py), written once before the ranks start
-    RUN_DIR/logs/launcher.log      what srun or torchrun said, and the health check's and container removal's output
-    RUN_DIR/logs/rank-R.log        rank R's output;  rank-R.status: "STATUS EPOCH_SECONDS HOST" when it ended
-    RUN_DIR/logs/usage-error       the first rank's one-line error that every rank found
-    RUN_DIR/logs/requeues.log      a batch job's requeues, one line each
-    RUN_DIR/hang/                  the hang watch's and the ranks' records (launcher/hang/); hang/stalled.txt: why
-    RUN_DIR/health.json            the health check's verdict; health/failed-nodes: the nodes it condemned
+are read. Standard library only: both sides import it. Besides those named below, RUN_DIR/logs/rank-R.log holds rank
+R's output, and rank-R.status how it ended: "STATUS EPOCH_SECONDS HOST" (launcher/rank/rank.sh).
 """
 
 from __future__ import annotations
@@ -15,28 +8,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import glob
 import os
 import shutil
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-LAUNCH_PLAN = "launch-plan.json"
-LAUNCHER_LOG = "logs/launcher.log"
-USAGE_ERROR = "logs/usage-error"
-REQUEUES_LOG = "logs/requeues.log"
-HANG = "hang"
-STALLED = "hang/stalled.txt"
-HEALTH_JSON = "health.json"
+LAUNCH_PLAN = "launch-plan.json"  # the launch plan (launcher/host/plan.py), written once before the ranks start
+LAUNCHER_LOG = "logs/launcher.log"  # what srun or torchrun said, the health check's and container removal's output
+USAGE_ERROR = "logs/usage-error"  # the first rank's one-line error that every rank found
+REQUEUES_LOG = "logs/requeues.log"  # a batch job's requeues, one line each
+HANG = "hang"  # the hang watch's and the ranks' records (launcher/hang/); hang/stalled.txt: why it stopped them
+HEALTH_JSON = "health.json"  # the health check's verdict
+FAILED_NODES = "health/failed-nodes"  # the nodes it condemned
 STOPPED = (130, 137, 143)  # a rank-R.status of SIGINT, SIGKILL, SIGTERM
-FAILED_NODES = "health/failed-nodes"
 UNLINKS_AT_ONCE = 32
-
-
-def at(run_dir: str, name: str) -> str:
-    """The path of the run folder's file NAME (one of the names above)."""
-    return f"{run_dir}/{name}"
 
 
 @contextlib.contextmanager
@@ -75,7 +61,7 @@ def remove_tree(path: str | Path) -> None:
 
 def remove_rank_statuses(run_dir: str) -> None:
     """An earlier step's rank-R.status files: the failure report reads those of the step that just ended."""
-    remove_all(Path(path) for path in glob.glob(f"{glob.escape(run_dir)}/logs/rank-*.status"))
+    remove_all(Path(run_dir, "logs").glob("rank-*.status"))
 
 
 @contextlib.contextmanager

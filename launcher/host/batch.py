@@ -14,24 +14,16 @@ import sys
 from collections.abc import Callable
 
 from launcher import run_files
-from launcher.errors import UsageError, q
+from launcher.errors import UsageError, say
 from launcher.host import command
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import REPO, Knobs, parse_options, preflight
 
-JOB_SCRIPT_HEAD = (
-    "#!/usr/bin/env bash\n# srun.sh --sbatch: one run that saves before its time limit and requeues itself.\n"
-)
-
-
-def say(line: str) -> None:
-    sys.stderr.buffer.write(os.fsencode(line + "\n"))
-    sys.stderr.flush()
-
 
 def job_script(launch: list[str]) -> str:
     """The job's script: sbatch copies it into SLURM's spool, so it names this checkout's srun.sh by its full path."""
-    return f"{JOB_SCRIPT_HEAD}exec {q(str(REPO / 'srun.sh'))} --batch-job{''.join(f' {q(word)}' for word in launch)}\n"
+    head = "#!/usr/bin/env bash\n# srun.sh --sbatch: one run that saves before its time limit and requeues itself.\n"
+    return f"{head}exec {command.one_line([str(REPO / 'srun.sh'), '--batch-job', *launch])}\n"
 
 
 def submission(sbatch_args: list[str], plan: LaunchPlan, lead_s: str) -> list[str]:

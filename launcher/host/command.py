@@ -8,10 +8,9 @@ placement) changes where the ranks go; with --local, torchrun on this host.
 from __future__ import annotations
 
 import os
-import sys
 from typing import BinaryIO
 
-from launcher.errors import q
+from launcher.errors import q, say
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import HEALTH_PROGRAM
 
@@ -67,9 +66,9 @@ def rank_command(plan: LaunchPlan, health: bool = False) -> list[str]:
     return [plan.python, f"{plan.code_dir}/entrypoint.py", plan.recipe_arg, *plan.overrides]
 
 
-def launch_command(plan: LaunchPlan, program: list[str]) -> list[str]:
-    """The srun step (or torchrun) that runs PROGRAM in every rank, through srun.sh --rank-exec."""
-    rank = [f"{plan.code_dir}/srun.sh", "--rank-exec", *program]
+def launch_command(plan: LaunchPlan, health: bool = False) -> list[str]:
+    """The srun step (or torchrun) that runs rank_command in every rank, through srun.sh --rank-exec."""
+    rank = [f"{plan.code_dir}/srun.sh", "--rank-exec", *rank_command(plan, health)]
     if plan.local:
         return [
             *(plan.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={plan.ranks_per_node}"),
@@ -113,9 +112,9 @@ def dry_run_text(plan: LaunchPlan) -> str:
     lines += [f"export {name}={q(os.environ[name])}" if name in os.environ else f"unset {name}" for name in SHOWN]
     if plan.health and not plan.health_only:
         lines.append("# Health check, run first (SRUNSH_HEALTH=1):")
-        lines.append(one_line(launch_command(plan, rank_command(plan, health=True))))
+        lines.append(one_line(launch_command(plan, health=True)))
     lines.append("# Launch command:")
-    lines.append(one_line(launch_command(plan, rank_command(plan))))
+    lines.append(one_line(launch_command(plan)))
     return "\n".join(lines) + "\n"
 
 
@@ -126,6 +125,4 @@ def say_environment_knobs(plan: LaunchPlan, prefix: str, out: BinaryIO | None) -
         out.write(os.fsencode(f"{prefix}knobs from the environment: {plan.env_knobs}\n"))
         out.flush()
     if plan.env_ignored:
-        message = f"srun.sh: not read, since srun.sh's knobs have the SRUNSH_ prefix: {plan.env_ignored}\n"
-        sys.stderr.buffer.write(os.fsencode(message))
-        sys.stderr.flush()
+        say(f"srun.sh: not read, since srun.sh's knobs have the SRUNSH_ prefix: {plan.env_ignored}")

@@ -11,17 +11,16 @@ starts, as this host sees it; the nodes mount the same paths in a homogeneous cl
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from launcher.errors import UsageError, q
 from launcher.host.mounts import file_system_type, mount_table
 
 # Kernel names (the third field of /proc/self/mounts) of file systems that many hosts mount at once.
 SHARED_TYPES = frozenset(
-    {
-        *("nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "gpfs", "beegfs", "ceph", "glusterfs", "ocfs2", "gfs2"),
-        *("afs", "9p", "pvfs2", "orangefs", "wekafs", "panfs", "virtiofs"),
-        *("fuse.glusterfs", "fuse.sshfs", "fuse.s3fs", "fuse.juicefs", "fuse.mountpoint-s3", "fuse.gcsfuse"),
-        *("fuse.rclone", "fuse.weka", "fuse.cephfs", "fuse.ceph-fuse", "fuse.lustre", "fuse.alluxio-fuse"),
-    }
+    "nfs nfs4 lustre cifs smb3 smbfs gpfs beegfs ceph glusterfs ocfs2 gfs2 afs 9p pvfs2 orangefs wekafs panfs virtiofs"
+    " fuse.glusterfs fuse.sshfs fuse.s3fs fuse.juicefs fuse.mountpoint-s3 fuse.gcsfuse fuse.rclone fuse.weka"
+    " fuse.cephfs fuse.ceph-fuse fuse.lustre fuse.alluxio-fuse".split()
 )
 
 
@@ -30,3 +29,17 @@ def shared_file_system(directory: str, mounts_text: str) -> str:
     /proc/self/mounts) places it; "" when it is on a disk of this host's own."""
     kind = file_system_type(os.path.realpath(directory), mount_table(mounts_text))
     return kind if kind in SHARED_TYPES else ""
+
+
+def directory(value: str) -> str:
+    """SRUNSH_COMPILE_CACHE's directory ("" when off), refused where the nodes share it."""
+    if value == "off":
+        return ""
+    shared = shared_file_system(value, Path("/proc/self/mounts").read_text())
+    if shared:
+        raise UsageError(
+            f"SRUNSH_COMPILE_CACHE={q(value)} is on {shared}, a file system the nodes share, where Triton's cache"
+            " writes race across nodes and fail ranks: name a directory on every node's own disk, e.g."
+            " SRUNSH_COMPILE_CACHE=/var/tmp, or off"
+        )
+    return os.path.normpath(value)

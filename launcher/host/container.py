@@ -1,13 +1,11 @@
 """How pyxis starts this launch's container steps, and the container a launch of several of them shares.
 
-pyxis's settings come from its line in the cluster's plugstack configuration (`scontrol show config` names the file;
-`include` lines are followed).
-
 pyxis's default unpacks the image into an unnamed container on every node at every step, and removes it when the step
 ends. A launch of more than one container step (the health check, then training) pays that once per step; with a
 container named for this launch alone (its run, its image file's identity, and the launch itself), the first step
-unpacks the image and the later ones start from it. With `use_squashfuse=1` unnamed steps start from the squash
-file without an unpack, so nothing is named then. A name of the user's own (SRUNSH_CONTAINER_NAME) is left as it is.
+unpacks the image and the later ones start from it. With `use_squashfuse=1` in pyxis's line of the cluster's plugstack
+configuration, unnamed steps start from the squash file without an unpack, so nothing is named then. A name of the
+user's own (SRUNSH_CONTAINER_NAME) is left as it is.
 """
 
 from __future__ import annotations
@@ -17,15 +15,13 @@ import glob
 import hashlib
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from launcher.errors import say
 from launcher.host.plan import LaunchPlan
 from launcher.host.slurm import config
 
-PYXIS_PLUGIN = "spank_pyxis.so"
-TRUE = ("1", "true", "yes", "y")  # what pyxis's parse_bool takes as true
 # What the unpack cost and what squashfuse saves, from bench/results/container-start.md (its image, on its nodes).
 MEASURED = (
     "bench/results/container-start.md: a 6.3 GB image of 80,463 files took 38-173 s a node to unpack at each step,"
@@ -35,7 +31,8 @@ MEASURED = (
 
 @dataclasses.dataclass
 class Pyxis:
-    """pyxis's line of the plugstack configuration; `file` is None when it could not be read."""
+    """pyxis's line of the plugstack configuration (the file `scontrol show config` names); `file` is None when it
+    could not be read."""
 
     file: str | None
     found: bool = False
@@ -43,38 +40,32 @@ class Pyxis:
 
     @property
     def squashfuse(self) -> bool:
-        return self.options.get("use_squashfuse", "") in TRUE
+        return self.options.get("use_squashfuse", "") in ("1", "true", "yes", "y")  # pyxis's parse_bool's true
 
 
 def plugstack_lines(path: Path, depth: int = 0) -> list[list[str]]:
-    """The words of every plugin line of `path` and of the files its `include` lines name (globs, as SLURM reads
-    them; a relative one from the including file's folder). Raises OSError when `path` cannot be read."""
+    """The words of every plugin line of PATH and of the files its `include` lines name (globs, as SLURM reads them; a
+    relative one from the including file's folder). Raises OSError when PATH cannot be read."""
     lines = []
-    for raw in path.read_text().splitlines():
-        words = raw.split("#", 1)[0].split()
-        if not words:
-            continue
-        if words[0] == "include" and len(words) > 1 and depth < 8:
-            pattern = os.path.join(path.parent, words[1])
-            for included in sorted(glob.glob(pattern)):
+    for line in path.read_text().splitlines():
+        words = line.partition("#")[0].split()
+        if words[:1] == ["include"] and len(words) > 1 and depth < 8:
+            for included in sorted(glob.glob(os.path.join(path.parent, words[1]))):
                 lines += plugstack_lines(Path(included), depth + 1)
-        else:
+        elif words:
             lines.append(words)
     return lines
 
 
 def read_pyxis(file: str | None) -> Pyxis:
-    if file is None:
-        return Pyxis(file=None)
     try:
-        lines = plugstack_lines(Path(file))
+        lines = [] if file is None else plugstack_lines(Path(file))
     except OSError:
-        return Pyxis(file=None)
+        file, lines = None, []
     for words in lines:
-        if len(words) >= 2 and words[0] in ("required", "optional") and Path(words[1]).name == PYXIS_PLUGIN:
-            options = dict(word.partition("=")[::2] for word in words[2:])
-            return Pyxis(file=file, found=True, options=options)
-    return Pyxis(file=file)
+        if words[0] in ("required", "optional") and words[1:] and Path(words[1]).name == "spank_pyxis.so":
+            return Pyxis(file, found=True, options=dict(word.partition("=")[::2] for word in words[2:]))
+    return Pyxis(file)
 
 
 def launch_container_name(run_id: str, image: Path, launch: str) -> str:
@@ -87,17 +78,13 @@ def launch_container_name(run_id: str, image: Path, launch: str) -> str:
     return f"srunsh-{run_id}-{digest}"
 
 
-def gigabytes(image: Path) -> str:
-    return f"{image.stat().st_size / 1e9:.1f} GB"
-
-
 def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: str) -> str:
     """One line for the launch header: how pyxis starts this launch's steps, and for an unpack what a site can set."""
-    where = pyxis.file or "the plugstack configuration"
+    where, sized = pyxis.file or "the plugstack configuration", f"{image} ({image.stat().st_size / 1e9:.1f} GB)"
     if user_name:
         return (
             f"container start: named container {user_name} (SRUNSH_CONTAINER_NAME): a node's first launch unpacks"
-            f" {image} ({gigabytes(image)}) into it, later ones reuse it as they find it; it stays on the nodes"
+            f" {sized} into it, later ones reuse it as they find it; it stays on the nodes"
         )
     if pyxis.squashfuse:
         return f"container start: from the squash file, no unpack (use_squashfuse=1 in {where})"
@@ -108,7 +95,7 @@ def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: st
     else:
         how = f"pyxis's default ({where} has no use_squashfuse=1):"
     once = f" once, into {shared}, which the {steps} steps share and which is removed when the launch ends"
-    unpacks = f"unpacks {image} ({gigabytes(image)}) on every node{once if shared else ' at every step'}"
+    unpacks = f"unpacks {sized} on every node{once if shared else ' at every step'}"
     return f"container start: {how} {unpacks}; use_squashfuse=1 in pyxis's plugstack line skips it ({MEASURED})"
 
 
@@ -134,7 +121,7 @@ REMOVE = """for c in "pyxis_$1" "pyxis_$2_$1"; do
     done"""
 
 
-def remove(name: str, plan: LaunchPlan, log: str) -> None:
+def remove(name: str, plan: LaunchPlan, log: Path) -> None:
     """The launch's container off every node: one task a node, outside any container, runs enroot as pyxis does.
     Removing an unpacked image takes as long as pyxis's own removal of an unnamed one (minutes for 6 GB)."""
     nodes = str(len(plan.hosts))
@@ -150,8 +137,7 @@ def remove(name: str, plan: LaunchPlan, log: str) -> None:
         except subprocess.TimeoutExpired:
             status = 124
     if status:
-        print(
+        say(
             f"srun.sh: could not remove container {name} from every node (status {status}, see {log}):"
-            f" remove it there with enroot remove -f pyxis_{name}",
-            file=sys.stderr,
+            f" remove it there with enroot remove -f pyxis_{name}"
         )

@@ -2,10 +2,6 @@
 and the end of its log; or the one-line error that every rank found; or what stopped every rank from outside; or,
 when no rank ended, what srun or torchrun said. Ranks that were stopped (SIGINT, SIGTERM, SIGKILL) sort after one that
 failed.
-
-`report(RUN_DIR, LOG_START, LOCAL)` gives the status srun.sh exits with (the first failed rank's; 2 for the error
-every rank found), or None when no rank ended. Each rank leaves its end in
-RUN_DIR/logs/rank-RANK.status as "STATUS EPOCH_SECONDS HOST" (launcher/rank/rank.sh).
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from launcher.errors import say
 from launcher.host.slurm import job_state
 from launcher.run_files import RankEnd, rank_ends
 
@@ -22,10 +19,6 @@ TASK_EXIT = re.compile(rb": tasks? [0-9,-]+: Exited with exit code [0-9]+$")
 CANCELLED = re.compile(rb"\*\*\* (STEP|JOB) [0-9.]+ ON .* CANCELLED AT")
 CANCELLED_STEP = re.compile(rb".*\*\*\* STEP ([0-9.]+) ON .*")
 LINES_SHOWN = 20
-
-
-def say(text: bytes | str) -> None:
-    sys.stderr.buffer.write(text if isinstance(text, bytes) else os.fsencode(text))
 
 
 def indented(lines: list[bytes]) -> bytes:
@@ -64,8 +57,8 @@ def report_launcher_notes(notes: list[bytes], log: Path, local: bool) -> None:
     if not said:
         return
     who = "torchrun" if local else "srun"
-    say(f"srun.sh: the launch failed before any rank started; {who} said ({log}):\n")
-    say(indented(said))
+    say(f"srun.sh: the launch failed before any rank started; {who} said ({log}):")
+    sys.stderr.buffer.write(indented(said))
 
 
 def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool) -> None:
@@ -79,17 +72,18 @@ def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool)
     first_stop = f"rank {first.rank} on {first.host} first, with exit status {first.status}"
     say(
         f"srun.sh: {what} was stopped from outside srun.sh, no rank failed on its own ({state}every rank ended by a"
-        f" signal, {first_stop}){':' if cancelled else ''}\n"
+        f" signal, {first_stop}){':' if cancelled else ''}"
     )
-    say(indented(cancelled))
+    sys.stderr.buffer.write(indented(cancelled))
 
 
 def report(run_dir: Path, log_start: int, local: bool) -> int | None:
-    """The report; the status srun.sh exits with, or None when no rank ended."""
+    """The report; the status srun.sh exits with (the first failed rank's; 2 for the error every rank found), or None
+    when no rank ended."""
     logs = run_dir / "logs"
     usage_error = logs / "usage-error"
     if usage_error.is_file() and usage_error.stat().st_size:
-        say(usage_error.read_bytes())
+        sys.stderr.buffer.write(usage_error.read_bytes())
         return 2
     ends = rank_ends(logs)
     notes = launch_notes(logs / "launcher.log", log_start, local)
@@ -102,8 +96,8 @@ def report(run_dir: Path, log_start: int, local: bool) -> int | None:
     if first.stopped:
         report_stopped_from_outside(notes, first, local)
     elif rank_log.exists():
-        say(f"{failed}; the end of {rank_log}:\n")
-        say(log_end(rank_log))
+        say(f"{failed}; the end of {rank_log}:")
+        sys.stderr.buffer.write(log_end(rank_log))
     else:
-        say(f"{failed}, before it wrote a log\n")
+        say(f"{failed}, before it wrote a log")
     return first.status

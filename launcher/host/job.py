@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 import time
 import zlib
 
-from launcher.errors import UsageError, q
+from launcher.errors import UsageError, q, say
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import Knobs
-from launcher.host.slurm import master_address
-from launcher.run_files import private_files
+from launcher.host.slurm import master_address, output
+from launcher.run_files import private_files, read_text
 
 PORT_BASE, PORT_SPAN = 20000, 12768  # below Linux's ephemeral range (32768+)
 
@@ -41,8 +39,7 @@ def resolve_hosts(local: bool, master_addr: str) -> tuple[list[str], str]:
         return [os.uname().nodename], master_addr or "127.0.0.1"
     if not node_list:
         return ["NODE1"], master_addr or "NODE1"
-    out = subprocess.run(["scontrol", "show", "hostnames", node_list], stdout=subprocess.PIPE, check=False).stdout
-    hosts = os.fsdecode(out).splitlines()
+    hosts = output(["scontrol", "show", "hostnames", node_list]).splitlines()
     if not hosts:
         raise UsageError(f"scontrol could not expand SLURM_JOB_NODELIST={q(node_list)}: check the SLURM client setup")
     master_addr = master_addr or master_address(hosts[:2])
@@ -72,13 +69,12 @@ def unwritable(path: str, error: OSError) -> UsageError:
 def claim_run_dir(plan: LaunchPlan, new_run: bool) -> int:
     """The run's folder, taken, and its lock held; how many ids of this second a new run found taken (its id then
     gets -N)."""
-    try:
-        with private_files():
-            os.makedirs(plan.run_root, exist_ok=True)
-    except OSError as error:
-        raise unwritable(plan.run_root, error) from None
     base, taken = plan.run_id, 0
     with private_files():
+        try:
+            os.makedirs(plan.run_root, exist_ok=True)
+        except OSError as error:
+            raise unwritable(plan.run_root, error) from None
         while new_run:
             try:
                 os.mkdir(plan.run_dir)
@@ -102,16 +98,14 @@ def lock_run(run_id: str, path: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        with open(path, errors="surrogateescape") as holder:
-            who = holder.read().rstrip("\n")
+        who = read_text(path).rstrip("\n")
         raise UsageError(
             f"run {run_id} is still running ({who}): wait for it to end, or leave SRUNSH_RUN_ID unset for a new run"
         ) from None
     except OSError as error:
-        print(
+        say(
             f"srun.sh: {path} cannot be locked on this file system ({error.strerror}), so a"
-            f" second launch of run {run_id} is not refused while this one runs",
-            file=sys.stderr,
+            f" second launch of run {run_id} is not refused while this one runs"
         )
     job_id = os.environ.get("SLURM_JOB_ID")
     with open(path, "w") as holder:

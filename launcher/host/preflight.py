@@ -5,16 +5,16 @@ UsageError, whose message names it and its fix; otherwise `preflight` gives the 
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.assignments import NotAssignmentError, assignment
+from launcher.assignments import assignment
 from launcher.errors import UsageError, q
-from launcher.host.compile_cache import shared_file_system
+from launcher.host import compile_cache
 from launcher.host.mounts import Mount, container_path, mount_of, split_mount
 from launcher.host.plan import LaunchPlan
 
@@ -22,7 +22,6 @@ Knobs = dict[str, str]
 Checks = dict[str, tuple[Callable[[str], object], str]]  # a knob's name: whether a value is taken, and why not
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_PROGRAM = "launcher/health.py"  # the health check every rank runs, in this checkout
-HEALTH_RECIPE = REPO / HEALTH_PROGRAM
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 POSITIVE = re.compile(r"[1-9][0-9]*")
 # srun.sh's options, and what each sets in the launch plan.
@@ -37,40 +36,24 @@ OPTIONS = (*SWITCHES, "-h", "--help", "--sbatch")
 NAME_HINT = "use letters, digits, '.', '_' and '-'"
 # The knobs' checks, in the order they are made.
 KNOB_CHECKS: Checks = {
-    "SRUNSH_GPUS_PER_NODE": (
-        POSITIVE.fullmatch,
-        "is not a positive integer: set it to the GPUs per node, e.g. SRUNSH_GPUS_PER_NODE=8",
-    ),
-    "MASTER_PORT": (
-        lambda value: not value or (POSITIVE.fullmatch(value) and int(value) <= 65535),
-        "is not a port number: set 1-65535 or leave it unset",
-    ),
-    "SRUNSH_CONTAINER_NAME": (
-        lambda value: not value or NAME.fullmatch(value),
-        f"is not a container name: {NAME_HINT}, or leave it unset for an unnamed container",
-    ),
-    "SRUNSH_RUN_ID": (
-        lambda value: not value or NAME.fullmatch(value),
-        f"is not a run name: {NAME_HINT}, as in 4242-20261130-101500",
-    ),
-    "SRUNSH_HEALTH": (
-        lambda value: value in ("0", "1"),
-        "is not 0 or 1: SRUNSH_HEALTH=1 runs the health check before the launch",
-    ),
-    "SRUNSH_HEALTH_TIMEOUT_S": (
-        POSITIVE.fullmatch,
-        "is not a positive number of seconds: e.g. SRUNSH_HEALTH_TIMEOUT_S=60",
-    ),
-    "SRUNSH_HANG_TIMEOUT_S": (
-        lambda value: value in ("", "off") or POSITIVE.fullmatch(value),
-        "is not a positive number of seconds: e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default",
-    ),
-    "SRUNSH_COMPILE_CACHE": (
-        lambda value: value == "off" or (value.startswith("/") and not re.search(r"[\s,:]", value)),
+    "SRUNSH_GPUS_PER_NODE": (POSITIVE.fullmatch,
+        "is not a positive integer: set it to the GPUs per node, e.g. SRUNSH_GPUS_PER_NODE=8"),
+    "MASTER_PORT": (lambda value: not value or (POSITIVE.fullmatch(value) and int(value) <= 65535),
+        "is not a port number: set 1-65535 or leave it unset"),
+    "SRUNSH_CONTAINER_NAME": (lambda value: not value or NAME.fullmatch(value),
+        f"is not a container name: {NAME_HINT}, or leave it unset for an unnamed container"),
+    "SRUNSH_RUN_ID": (lambda value: not value or NAME.fullmatch(value),
+        f"is not a run name: {NAME_HINT}, as in 4242-20261130-101500"),
+    "SRUNSH_HEALTH": (lambda value: value in ("0", "1"),
+        "is not 0 or 1: SRUNSH_HEALTH=1 runs the health check before the launch"),
+    "SRUNSH_HEALTH_TIMEOUT_S": (POSITIVE.fullmatch,
+        "is not a positive number of seconds: e.g. SRUNSH_HEALTH_TIMEOUT_S=60"),
+    "SRUNSH_HANG_TIMEOUT_S": (lambda value: value in ("", "off") or POSITIVE.fullmatch(value),
+        "is not a positive number of seconds: e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default"),
+    "SRUNSH_COMPILE_CACHE": (lambda value: value == "off" or re.fullmatch(r"/[^\s,:]*", value),
         "is not off or an absolute path without spaces, ',' or ':' (pyxis's mount syntax): name a directory on"
-        " every node's own disk, e.g. SRUNSH_COMPILE_CACHE=/var/tmp",
-    ),
-}
+        " every node's own disk, e.g. SRUNSH_COMPILE_CACHE=/var/tmp"),
+}  # fmt: skip
 BATCH_KNOB_CHECKS: Checks = {
     "SRUNSH_SAVE_LEAD_S": (POSITIVE.fullmatch, "is not a number of seconds: e.g. SRUNSH_SAVE_LEAD_S=300"),
     "SRUNSH_MAX_RETRIES": (re.compile("[0-9]+").fullmatch, "is not a count: e.g. SRUNSH_MAX_RETRIES=2"),
@@ -128,7 +111,7 @@ def check_arguments(plan: LaunchPlan, words: list[str]) -> str:
             )
         if plan.nsys:
             raise UsageError("--nsys profiles training, and --health trains nothing: drop one of them")
-        return str(HEALTH_RECIPE)
+        return str(REPO / HEALTH_PROGRAM)
     if not words:
         raise UsageError("no recipe given: usage is ./srun.sh [options] RECIPE.py [NAME=VALUE ...]")
     recipe, overrides = words[0], words[1:]
@@ -137,10 +120,7 @@ def check_arguments(plan: LaunchPlan, words: list[str]) -> str:
             raise UsageError(
                 f"option {arg} comes after the recipe: put it first, as in ./srun.sh {arg} {q(recipe)} ..."
             )
-        try:  # every rank would refuse any other shape, after its imports
-            assignment(arg)
-        except NotAssignmentError as error:
-            raise UsageError(str(error)) from None
+        assignment(arg)  # every rank would refuse any other shape, after its imports
     return recipe
 
 
@@ -152,10 +132,9 @@ def check_knobs(checks: Checks, knob: Knobs) -> None:
 
 
 def visible_gpus() -> int:
-    """GPUs a process here sees: CUDA_VISIBLE_DEVICES when set (even empty), else the NVIDIA device files."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return sum(1 for device in fields(os.environ["CUDA_VISIBLE_DEVICES"], ",") if device)
-    return len(glob.glob("/dev/nvidia[0-9]*"))
+    """GPUs a process here sees, as every rank counts its own (launcher/rank/rank.sh's visible_gpus)."""
+    count = ["bash", "-c", 'source "$1" && visible_gpus', "bash", str(REPO / "launcher" / "rank" / "rank.sh")]
+    return int(subprocess.run(count, capture_output=True, text=True, check=True).stdout)
 
 
 def local_gpus(gpus: str) -> str:
@@ -172,12 +151,6 @@ def local_gpus(gpus: str) -> str:
             " lower SRUNSH_GPUS_PER_NODE or widen CUDA_VISIBLE_DEVICES"
         )
     return gpus
-
-
-def min_cpus_per_node(cpus_per_node: str) -> int | None:
-    """The fewest CPUs any node of the job has, from SLURM_JOB_CPUS_PER_NODE ("96(x2),48")."""
-    counts = [int(entry.split("(", 1)[0]) for entry in cpus_per_node.split(",") if entry]
-    return min(counts) if counts else None
 
 
 def slurm_allocation(gpus: str, plan: LaunchPlan) -> str:
@@ -200,7 +173,9 @@ def slurm_allocation(gpus: str, plan: LaunchPlan) -> str:
             f"SRUNSH_GPUS_PER_NODE={gpus} but job {job} has {allocated} GPU(s) a node:"
             f" set SRUNSH_GPUS_PER_NODE={allocated} or allocate more (salloc --gpus-per-node={gpus})"
         )
-    cpus = min_cpus_per_node(os.environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    # The fewest CPUs a node of the job has: SLURM_JOB_CPUS_PER_NODE reads as "96(x2),48".
+    counts = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "").split(",")
+    cpus = min((int(count.split("(", 1)[0]) for count in counts if count), default=None)
     if cpus is not None and cpus < int(gpus):
         raise UsageError(
             f"job {job} has {cpus} CPU(s) on a node for {gpus} ranks a node:"
@@ -271,7 +246,7 @@ def check_image(image: str) -> str:
         )
     try:
         with open(image, "rb") as file:
-            magic = file.read(4).replace(b"\0", b"")
+            magic = file.read(4)
     except OSError:
         magic = b""
     if magic != b"hsqs":
@@ -334,7 +309,7 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
         gpus = slurm_allocation(gpus, plan)
     check_knobs(KNOB_CHECKS, {**knob, "SRUNSH_GPUS_PER_NODE": gpus})
     plan.ranks_per_node = int(gpus)
-    plan.compile_cache = compile_cache_dir(knob["SRUNSH_COMPILE_CACHE"])
+    plan.compile_cache = compile_cache.directory(knob["SRUNSH_COMPILE_CACHE"])
     stem = os.path.basename(recipe).removesuffix(".py") or os.path.basename(recipe)
     plan.run_root = f"{os.path.realpath(knob['SRUNSH_OUTPUT_ROOT'])}/{stem}"
     if plan.container:
@@ -344,20 +319,6 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
     if sbatch_args is not None:
         check_time_limit(sbatch_args, knob["SRUNSH_SAVE_LEAD_S"])
     plan.overrides = [] if plan.health_only else [*words[1:], *default_overrides(plan, words[1:])]
-
-
-def compile_cache_dir(value: str) -> str:
-    """SRUNSH_COMPILE_CACHE's directory ("" when off), refused where the nodes share it (host/compile_cache.py)."""
-    if value == "off":
-        return ""
-    shared = shared_file_system(value, Path("/proc/self/mounts").read_text())
-    if shared:
-        raise UsageError(
-            f"SRUNSH_COMPILE_CACHE={q(value)} is on {shared}, a file system the nodes share, where Triton's cache"
-            " writes race across nodes and fail ranks: name a directory on every node's own disk, e.g."
-            " SRUNSH_COMPILE_CACHE=/var/tmp, or off"
-        )
-    return os.path.normpath(value)
 
 
 def default_overrides(plan: LaunchPlan, given: list[str]) -> list[str]:
@@ -373,35 +334,29 @@ def default_overrides(plan: LaunchPlan, given: list[str]) -> list[str]:
     return [default for default in wanted if not any(arg.startswith(default.split("=")[0] + "=") for arg in given)]
 
 
-def sbatch_time_limit(sbatch_args: list[str]) -> str:
-    """The time limit among sbatch options (the last one wins, as in sbatch), else $SBATCH_TIMELIMIT."""
-    value, words = os.environ.get("SBATCH_TIMELIMIT", ""), iter(sbatch_args)
-    for word in words:
-        if word in ("-t", "--time"):
-            value = next(words, "")
-        elif word.startswith("--time="):
-            value = word.removeprefix("--time=")
-        elif word.startswith("-t") and len(word) > 2:
-            value = word[2:]
-    return value
-
-
 def time_limit_seconds(limit: str) -> int | None:
     """Seconds of a SLURM time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None for UNLIMITED or a form that sbatch
     refuses by itself."""
-    found = re.fullmatch(r"(([0-9]+)-)?([0-9]+)(:([0-9]+))?(:([0-9]+))?", limit)
+    found = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+(?::[0-9]+){0,2})", limit)
     if not found:
         return None
-    days, first, second, third = (int(found.group(i) or 0) for i in (2, 3, 5, 7))
-    if found.group(1):  # D-H[:M[:S]]
-        return ((days * 24 + first) * 60 + second) * 60 + third
-    if found.group(6):  # H:M:S
-        return (first * 60 + second) * 60 + third
-    return first * 60 + second  # M[:S]
+    days, clock = found.groups()
+    parts = [int(part) for part in clock.split(":")]
+    # H[:M[:S]] after days, and H:M:S; else M[:S]
+    hours, minutes, seconds = [*parts, 0, 0][:3] if days or len(parts) == 3 else [0, *parts, 0][:3]
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def check_time_limit(sbatch_args: list[str], save_lead_s: str) -> None:
-    limit = sbatch_time_limit(sbatch_args)
+    """The job's time limit, its last -t/--time as sbatch reads them (else $SBATCH_TIMELIMIT), leaves time to save."""
+    limit, words = os.environ.get("SBATCH_TIMELIMIT", ""), iter(sbatch_args)
+    for word in words:
+        if word in ("-t", "--time"):
+            limit = next(words, "")
+        elif word.startswith("--time="):
+            limit = word.removeprefix("--time=")
+        elif word.startswith("-t") and len(word) > 2:
+            limit = word[2:]
     seconds = time_limit_seconds(limit)
     if seconds is not None and seconds <= int(save_lead_s):
         raise UsageError(

@@ -15,7 +15,8 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
+
+from launcher.errors import say
 
 IPV4 = re.compile(r"[0-9]+(\.[0-9]+){3}")
 
@@ -75,10 +76,9 @@ def address_toward(first: str, second: str) -> str:
     address, device = re.search(r" src ([0-9.]*)", route), re.search(r" dev ([^ ]*)", route)
     if not address or not address.group(1):
         return ""
-    print(
+    say(
         f"srun.sh: {first}'s name gives no address but loopback here; MASTER_ADDR={address.group(1)}, the address of"
-        f" {device.group(1) if device else ''}, which routes to {second} ({peer})",
-        file=sys.stderr,
+        f" {device.group(1) if device else ''}, which routes to {second} ({peer})"
     )
     return address.group(1)
 

@@ -7,7 +7,6 @@ through a thread that outlives a stop, so the launch's last words are kept.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import BinaryIO
 
 from launcher.host.notes import pass_on
@@ -33,27 +33,22 @@ def kill_wait_s() -> int:
 class Step:
     """One launch command, run to its end; `stop` sends its ranks SIGTERM."""
 
-    def __init__(self, command: list[str], log: str, local: bool) -> None:
+    def __init__(self, command: list[str], log: Path, local: bool) -> None:
         self.command, self.log, self.local = command, log, local
         self.process: subprocess.Popen[bytes] | None = None
         self.log_start = 1
 
-    def run(self, idle: threading.Event | None = None, on_idle: Callable[[], None] | None = None) -> int:
-        """Runs the command to its end; calls ON_IDLE in this thread when IDLE is set meanwhile."""
-        try:
-            self.log_start = os.stat(self.log).st_size + 1  # this launch's lines of launcher.log start here
-        except OSError:
-            self.log_start = 1
+    def run(self, each_poll: Callable[[], object] = lambda: None) -> int:
+        """Runs the command to its end, calling EACH_POLL in this thread meanwhile."""
         with private_files():
             log = open(self.log, "ab")  # closed by the notes thread
+        self.log_start = log.tell() + 1  # this launch's lines of launcher.log start here
         # torchrun gets a session of its own, so that a terminal's Ctrl-C reaches the ranks once, as srun.sh's SIGTERM.
         self.process = subprocess.Popen(self.command, stderr=subprocess.PIPE, start_new_session=self.local)
         notes = threading.Thread(target=keep_notes, args=(self.process.stderr, log, self.local), daemon=True)
         notes.start()
         while self.process.poll() is None:
-            if idle is not None and on_idle is not None and idle.is_set():
-                idle.clear()
-                on_idle()
+            each_poll()
             time.sleep(POLL_S)
         notes.join()
         code = self.process.returncode

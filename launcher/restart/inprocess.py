@@ -10,7 +10,7 @@ import torch
 from megatron.bridge.training.config import ConfigContainer, InProcessRestartConfig
 
 from launcher.errors import UsageError
-from launcher.restart.plan import PlanError, plan
+from launcher.restart.plan import plan
 
 
 def pass_the_call_wrapper() -> None:
@@ -88,13 +88,10 @@ def check_node_layer(config: InProcessRestartConfig, per_node: int) -> None:
 
 def check_spares(config: InProcessRestartConfig, world_size: int, per_node: int) -> None:
     """The launching host's plan (launcher/restart/plan.py), for the resolved config."""
-    try:
-        plan(
-            [f"inprocess_restart.{name}={getattr(config, name)}" for name in ("active_world_size", "granularity")]
-            + ["inprocess_restart.enabled=true"],
-            nodes=max(1, world_size // per_node) if per_node else 1,
-            ranks_per_node=per_node or world_size,
-            master_port=int(os.environ.get("MASTER_PORT", "0")),
-        )
-    except PlanError as error:
-        raise UsageError(str(error)) from None
+    plan(
+        [f"inprocess_restart.{name}={getattr(config, name)}" for name in ("active_world_size", "granularity")]
+        + ["inprocess_restart.enabled=true"],
+        nodes=max(1, world_size // per_node) if per_node else 1,
+        ranks_per_node=per_node or world_size,
+        master_port=int(os.environ.get("MASTER_PORT", "0")),
+    )

@@ -2,20 +2,16 @@
 pretrain()), from the launch's NAME=VALUE arguments before the step starts (a step with --kill-on-bad-exit would end
 at the first failed rank), and its outcome after a rank failed. Standard library only: the ranks check the resolved
 config again (launcher/restart/inprocess.py).
-
-plan() says whether it is on, and Plan.header() the launch header's sentence naming the warm spares (the ranks beyond
-inprocess_restart.active_world_size); PlanError for a plan that cannot work. outcome() says whether training completed
-all the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from launcher.assignments import section, split
+from launcher.errors import UsageError, say
 from launcher.run_files import rank_ends
 
 NAME = "inprocess_restart"
@@ -25,7 +21,7 @@ PORTS_TAKEN = (1, 2)
 TRUE, FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0", "null", "none"}
 
 
-class PlanError(ValueError):
+class PlanError(UsageError):
     """A plan that cannot work: its message names the problem and the fix."""
 
 
@@ -42,6 +38,7 @@ class Plan:
         return (self.world_size - self.active_world_size) // self.ranks_per_node
 
     def header(self) -> str:
+        """The launch header's sentence naming the warm spares (the ranks beyond active_world_size); "" when off."""
         if not self.enabled:
             return ""
         spare_ranks = self.world_size - self.active_world_size
@@ -104,12 +101,6 @@ def check(result: Plan, nodes: int, master_port: int) -> None:
         )
 
 
-def failed_ranks(run_dir: Path) -> list[str]:
-    """'RANK on HOST (exit status S)' for each rank that recorded a non-zero end (launcher/rank/rank.sh), by rank."""
-    ends = sorted(rank_ends(run_dir / "logs"), key=lambda end: int(end.rank))
-    return [f"{end.rank} on {end.host} (exit status {end.status})" for end in ends]
-
-
 def outcome(run_dir: Path) -> int:
     """0, after one line on stderr naming the replaced ranks, when training completed after a restart; else 1."""
     try:
@@ -119,9 +110,10 @@ def outcome(run_dir: Path) -> int:
         return 1
     if not (ended and restarted):
         return 1
-    print(
-        f"srun.sh: training completed after in-process restart; rank(s) {', '.join(failed_ranks(run_dir))} ended"
-        f" and were replaced ({run_dir / 'restarts.log'})",
-        file=sys.stderr,
+    ends = sorted(rank_ends(run_dir / "logs"), key=lambda end: int(end.rank))  # those that failed (rank-R.status)
+    failed = ", ".join(f"{end.rank} on {end.host} (exit status {end.status})" for end in ends)
+    say(
+        f"srun.sh: training completed after in-process restart; rank(s) {failed} ended and were replaced"
+        f" ({run_dir / 'restarts.log'})"
     )
     return 0
