@@ -82,27 +82,18 @@ run() {
   "$@"
 }
 
-build_image() {
+main() {
+  parse_args "$@"
+  resolve_names
+  check_inputs
   run docker build -f "$FILE" -t "$IMAGE_REF" "${DOCKER_ARGS[@]}" "$INPUT" ||
     die "docker build of $IMAGE_REF failed; no squash file written"
-}
-
-# enroot refuses to overwrite an existing file, so a squash file from an earlier build goes first.
-export_squash_file() {
-  if [ -e "$SQSH" ]; then
+  if [ -e "$SQSH" ]; then # enroot refuses to overwrite a file: one from an earlier build goes first
     echo "removing stale $SQSH"
     rm -f -- "$SQSH"
   fi
   run enroot import -o "$SQSH" "dockerd://$IMAGE_REF" || die "enroot import of $IMAGE_REF failed"
   echo "wrote $SQSH"
-}
-
-main() {
-  parse_args "$@"
-  resolve_names
-  check_inputs
-  build_image
-  export_squash_file
 }
 
 main "$@"

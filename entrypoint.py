@@ -146,8 +146,7 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
 
 def say_what_it_trains_on(cfg: ConfigContainer, stream: TextIO) -> None:
     """Once a run (rank 0, or --check): its datasets, or that it trains on mock data."""
-    line = data.describe(cfg)
-    if line:
+    if line := data.describe(cfg):
         print(f"entrypoint.py: {line}", file=stream, flush=True)
 
 

@@ -91,20 +91,13 @@ usage() {
 wants_help() {
   [[ ${1:-} != --sbatch ]] || while (($#)) && [[ $1 != -- ]]; do shift; done
   [[ ${1:-} != -- && ${1:-} != --sbatch ]] || shift
-  while (($#)); do
-    case $1 in
-      -h | --help) return 0 ;;
-      --nsys | --dry-run | --no-container | --local | --health) shift ;;
-      *) return 1 ;;
-    esac
-  done
-  return 1
+  while [[ ${1:-} =~ ^--(nsys|dry-run|no-container|local|health)$ ]]; do shift; done
+  [[ ${1:-} == -h || ${1:-} == --help ]]
 }
 
-# What every rank inherits for EFA and NCCL; a value the user already set wins. README's "Network environment" says
-# why each EFA-era variable of the seed is left out (current libfabric and aws-ofi-nccl set or no longer need them),
-# CUDA_DEVICE_MAX_CONNECTIONS is entrypoint.py's to set, per job, and OMP_NUM_THREADS launcher/host/command.py's, by the
-# ranks a node.
+# What every rank inherits for EFA and NCCL; a value the user already set wins. docs/network.md says why each stays and
+# why the seed's others went; CUDA_DEVICE_MAX_CONNECTIONS is entrypoint.py's to set, per job, and OMP_NUM_THREADS
+# launcher/host/command.py's, by the ranks a node.
 export_network_env() {
   export NCCL_DEBUG=${NCCL_DEBUG:-WARN}           # NCCL errors and warnings only; INFO shows the EFA/GIN setup
   export NCCL_GIN_TYPE=${NCCL_GIN_TYPE:-2}        # DeepEP's GIN via the proxy path (5, EFA GDA: docs/network.md)

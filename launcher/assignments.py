@@ -2,8 +2,7 @@
 
 The one reading of their shape that the launching host (srun.sh's checks, the in-process restart plan) and every rank
 (launcher/config/grammar.py, before Hydra's grammar reads the values) share, so that the two never disagree on what
-is an assignment; standard library only, since the launching host may lack the training stack. An argument is one when
-it is `~` and more, or has a `=` after a first character that is no `=`; any other is refused with NotAssignmentError.
+is an assignment; standard library only, since the launching host may lack the training stack.
 """
 
 import dataclasses

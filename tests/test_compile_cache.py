@@ -16,8 +16,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from launcher.host.compile_cache import SHARED_TYPES, shared_file_system
-from launcher.host.mounts import file_system_type, mount_table
+from launcher.host.mounts import SHARED_TYPES, file_system_type, mount_table, shared_file_system
 from tests.srun_world import FIXTURES, SrunWorld
 
 pytest_plugins = ["tests.srun_world"]

@@ -77,15 +77,19 @@ def submit(words: list[str], knobs: Knobs) -> int:
 
 
 class BatchJob:
-    """A batch job's knobs and its time limit: SLURM signals USR1 SRUNSH_SAVE_LEAD_S before it (sbatch
-    --signal=B:USR1), or up to a minute earlier (slurmctld looks at time limits every 30 s), so it may come before
-    training starts."""
+    """A batch job's knobs, its run (the job's id unless the user named one) and its time limit: SLURM signals USR1
+    SRUNSH_SAVE_LEAD_S before it (sbatch --signal=B:USR1), or up to a minute earlier (slurmctld looks at time limits
+    every 30 s), so it may come before training starts. Made at the job's start, or SLURM's USR1 would end it."""
 
     def __init__(self, knobs: Knobs) -> None:
-        self.knobs = knobs
-        self.reached = False
+        self.knobs, self.reached = knobs, False
         self.on_reach: Callable[[], None] | None = None  # the launch's, once training may start
         signal.signal(signal.SIGUSR1, self.handle)
+        if not knobs["SRUNSH_RUN_ID"]:
+            if not os.environ.get("SLURM_JOB_ID"):
+                say("srun.sh: SLURM_JOB_ID: --batch-job runs only as the batch script of srun.sh --sbatch")
+                raise SystemExit(1)
+            knobs["SRUNSH_RUN_ID"] = os.environ["SLURM_JOB_ID"]
 
     def handle(self, _number: int, _frame: object) -> None:
         self.reached = True
@@ -96,15 +100,3 @@ class BatchJob:
             f"srun.sh: job {os.environ.get('SLURM_JOB_ID', '')} reaches its time limit in"
             f" {self.knobs['SRUNSH_SAVE_LEAD_S']}s before training started: it starts no training and requeues itself"
         )
-
-
-def trap_time_limit(knobs: Knobs) -> BatchJob:
-    """From the job's start, or SLURM's USR1 would end it; the job's run is the job's id unless the user named one."""
-    limit = BatchJob(knobs)
-    if not knobs["SRUNSH_RUN_ID"]:
-        job = os.environ.get("SLURM_JOB_ID", "")
-        if not job:
-            say("srun.sh: SLURM_JOB_ID: --batch-job runs only as the batch script of srun.sh --sbatch")
-            raise SystemExit(1)
-        knobs["SRUNSH_RUN_ID"] = job
-    return limit

@@ -8,6 +8,7 @@ placement) changes where the ranks go; with --local, torchrun on this host.
 from __future__ import annotations
 
 import os
+import sys
 from typing import BinaryIO
 
 from launcher.errors import q, say
@@ -24,9 +25,11 @@ SHOWN = (
 OWN = ("SRUNSH_SQSH", "SRUNSH_MOUNT", "SRUNSH_NSYS", "SRUNSH_JOB_NAME", "SRUNSH_UNDER_NSYS", "RANK", "LOCAL_RANK")
 
 
-def rank_environment(plan: LaunchPlan) -> dict[str, str]:
+def export_rank_environment(plan: LaunchPlan) -> None:
     """What srun.sh sets for every rank (srun.sh itself exports the network's defaults); a value the user set wins
     where the user may set it."""
+    for name in OWN:
+        os.environ.pop(name, None)
     env = {
         "MASTER_ADDR": plan.master_addr,
         "MASTER_PORT": plan.master_port,
@@ -50,13 +53,7 @@ def rank_environment(plan: LaunchPlan) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = "1"
     if plan.inprocess:
         env["TORCH_CPP_LOG_LEVEL"] = os.environ.get("TORCH_CPP_LOG_LEVEL") or "error"  # NVRx's store polls warn
-    return env
-
-
-def export_rank_environment(plan: LaunchPlan) -> None:
-    for name in OWN:
-        os.environ.pop(name, None)
-    os.environ.update(rank_environment(plan))
+    os.environ.update(env)
 
 
 def rank_command(plan: LaunchPlan, health: bool = False) -> list[str]:
@@ -87,11 +84,8 @@ def launch_command(plan: LaunchPlan, health: bool = False) -> list[str]:
     if os.environ.get("SLURM_STEP_ID"):  # started from inside a job step (srun --pty bash): share its resources
         command.append("--overlap")
     if plan.container:
-        command += [
-            f"--container-image={plan.image}",
-            f"--container-mounts={plan.pyxis_mounts}",
-            f"--container-workdir={plan.task_workdir}",
-        ]
+        command += [f"--container-image={plan.image}", f"--container-mounts={plan.pyxis_mounts}"]
+        command.append(f"--container-workdir={plan.task_workdir}")
         if plan.container_name:
             command.append(f"--container-name={plan.container_name}")
     return [*command, *plan.srun_extra_args, *rank]
@@ -102,7 +96,8 @@ def one_line(command: list[str]) -> str:
     return " ".join(q(word) for word in command)
 
 
-def dry_run_text(plan: LaunchPlan) -> str:
+def dry_run(plan: LaunchPlan) -> None:
+    """What --dry-run prints: the launch's commands and the ranks' environment, on stdout."""
     lines = ["# srun.sh --dry-run: nothing was started. Each command below is one line you can paste into a shell."]
     if not plan.local and not os.environ.get("SLURM_JOB_ID"):
         lines.append("# Not inside an allocation: job id JOBID and the first node NODE1 are placeholders.")
@@ -115,7 +110,9 @@ def dry_run_text(plan: LaunchPlan) -> str:
         lines.append(one_line(launch_command(plan, health=True)))
     lines.append("# Launch command:")
     lines.append(one_line(launch_command(plan)))
-    return "\n".join(lines) + "\n"
+    sys.stdout.buffer.write(os.fsencode("\n".join(lines) + "\n"))
+    sys.stdout.flush()
+    say_environment_knobs(plan, "", None)
 
 
 def say_environment_knobs(plan: LaunchPlan, prefix: str, out: BinaryIO | None) -> None:

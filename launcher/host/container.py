@@ -1,12 +1,6 @@
-"""How pyxis starts this launch's container steps, and the container a launch of several of them shares.
-
-pyxis's default unpacks the image into an unnamed container on every node at every step, and removes it when the step
-ends. A launch of more than one container step (the health check, then training) pays that once per step; with a
-container named for this launch alone (its run, its image file's identity, and the launch itself), the first step
-unpacks the image and the later ones start from it. With `use_squashfuse=1` in pyxis's line of the cluster's plugstack
-configuration, unnamed steps start from the squash file without an unpack, so nothing is named then. A name of the
-user's own (SRUNSH_CONTAINER_NAME) is left as it is.
-"""
+"""How pyxis starts this launch's container steps, and the container a launch of several of them (the health check,
+then training) shares, so that pyxis unpacks the image once and not at every step; unless use_squashfuse=1 starts
+unnamed steps without an unpack, or the user named a container (docs/containers.md says what each costs)."""
 
 from __future__ import annotations
 
@@ -102,12 +96,10 @@ def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: st
 def plan_start(plan: LaunchPlan) -> tuple[str, str]:
     """The container this launch's steps share (empty: none), and the header's line on how its steps start; a shared
     one becomes the steps' --container-name."""
-    if not plan.container or plan.local:
+    if not plan.container:  # --local has none either
         return "", ""
     name, steps = plan.container_name, 2 if plan.health and not plan.health_only else 1
-    pyxis = read_pyxis(config("PlugStackConfig"))
-    image = Path(plan.image)
-    shared = ""
+    pyxis, image, shared = read_pyxis(config("PlugStackConfig")), Path(plan.image), ""
     if steps > 1 and not name and not pyxis.squashfuse:
         launch = f"{os.environ.get('SLURM_JOB_ID', '')}.{os.environ.get('SLURM_RESTART_COUNT') or 0}.{os.getpid()}"
         shared = launch_container_name(plan.run_id, image, f"{launch}.{time.time():.6f}")

@@ -1,8 +1,7 @@
 """srun.sh's report of a launch that ended badly, on stderr: which rank failed first, on which host, with which status,
 and the end of its log; or the one-line error that every rank found; or what stopped every rank from outside; or,
 when no rank ended, what srun or torchrun said. Ranks that were stopped (SIGINT, SIGTERM, SIGKILL) sort after one that
-failed.
-"""
+failed."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from launcher.host.slurm import job_state
 from launcher.run_files import RankEnd, rank_ends
 
 TASK_EXIT = re.compile(rb": tasks? [0-9,-]+: Exited with exit code [0-9]+$")
-CANCELLED = re.compile(rb"\*\*\* (STEP|JOB) [0-9.]+ ON .* CANCELLED AT")
-CANCELLED_STEP = re.compile(rb".*\*\*\* STEP ([0-9.]+) ON .*")
+CANCELLED = re.compile(rb"\*\*\* (STEP|JOB) ([0-9.]+) ON .* CANCELLED AT")
 LINES_SHOWN = 20
 
 
@@ -54,18 +52,16 @@ def report_launcher_notes(notes: list[bytes], log: Path, local: bool) -> None:
     """No rank ended (none started, or none could record its end): the end of what srun or torchrun said, which holds
     the cause (a container pyxis could not create, a step SLURM refused, a SRUNSH_PYTHON without torch)."""
     said = [line for line in notes if not TASK_EXIT.search(line)][-LINES_SHOWN:]
-    if not said:
-        return
-    who = "torchrun" if local else "srun"
-    say(f"srun.sh: the launch failed before any rank started; {who} said ({log}):")
-    sys.stderr.buffer.write(indented(said))
+    if said:
+        say(f"srun.sh: the launch failed before any rank started; {'torchrun' if local else 'srun'} said ({log}):")
+        sys.stderr.buffer.write(indented(said))
 
 
 def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool) -> None:
     """Every rank that ended was stopped by a signal that srun.sh did not send (scancel, a revoked allocation,
     preemption, a time limit): say so, with what SLURM said, instead of naming a stopped rank as the failure."""
-    cancelled = [line for line in notes if CANCELLED.search(line)][:5]
-    steps = [found.group(1) for line in cancelled if (found := CANCELLED_STEP.fullmatch(line))]
+    cancelled = [found for line in notes if (found := CANCELLED.search(line))][:5]
+    steps = [found.group(2) for found in cancelled if found.group(1) == b"STEP"]
     what = f"job step {os.fsdecode(steps[0])}" if steps else "every rank"
     job = os.environ.get("SLURM_JOB_ID", "")
     state = "" if local else f"job {job} is {job_state(job)}; "
@@ -74,7 +70,7 @@ def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool)
         f"srun.sh: {what} was stopped from outside srun.sh, no rank failed on its own ({state}every rank ended by a"
         f" signal, {first_stop}){':' if cancelled else ''}"
     )
-    sys.stderr.buffer.write(indented(cancelled))
+    sys.stderr.buffer.write(indented([found.string for found in cancelled]))
 
 
 def report(run_dir: Path, log_start: int, local: bool) -> int | None:

@@ -1,10 +1,6 @@
-"""The job a launch runs as: its nodes, its run (id, folder, lock) and its rendezvous address and port.
-
-A new run takes its id by creating its folder, which is atomic on shared file systems too, so launches started
-together get ids of their own (the second in one second gets -2, the third -3). A launch holds its run's lock (flock)
-while it and the processes it starts run, so a second launch of a run that is still running is refused instead of
-resuming into the live run.
-"""
+"""The job a launch runs as: its nodes, its run (id, folder, lock) and its rendezvous address and port. A new run
+takes its id by creating its folder, atomic on shared file systems too, and a launch holds its run's lock (flock) while
+it runs, so that launches started together never share a run (docs/launch.md, "Each launch takes a run of its own")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,25 @@
 """Which mount holds a path: among SRUNSH_MOUNT's entries (pyxis's SRC:DST[:FLAGS], what the container sees), and in
-this host's own mount table (/proc/self/mounts, which file system a directory is on)."""
+this host's own mount table (/proc/self/mounts), where SRUNSH_COMPILE_CACHE, the node-local directory of every rank's
+Triton and TorchInductor caches (docs/launch.md, "Start-up"), must not be on a file system the nodes share: Triton's
+cache writes race across nodes there (stale file handles, EBUSY: triton-lang/triton#11512, pytorch/pytorch#173679).
+As this host sees it: the nodes mount the same paths in a homogeneous cluster."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+from pathlib import Path
+
+from launcher.errors import UsageError, q
 
 ESCAPED = re.compile(r"\\([0-7]{3})")  # the kernel writes space, tab, newline and backslash in a path as \ooo
+# Kernel names (the third field of /proc/self/mounts) of file systems that many hosts mount at once.
+SHARED_TYPES = frozenset(
+    "nfs nfs4 lustre cifs smb3 smbfs gpfs beegfs ceph glusterfs ocfs2 gfs2 afs 9p pvfs2 orangefs wekafs panfs virtiofs"
+    " fuse.glusterfs fuse.sshfs fuse.s3fs fuse.juicefs fuse.mountpoint-s3 fuse.gcsfuse fuse.rclone fuse.weka"
+    " fuse.cephfs fuse.ceph-fuse fuse.lustre fuse.alluxio-fuse".split()
+)
 
 
 def holds(point: str, path: str) -> bool:
@@ -71,3 +83,23 @@ def file_system_type(path: str, table: list[tuple[str, str]]) -> str:
         if holds(point, path) and len(point) >= depth:
             found, depth = kind, len(point)
     return found
+
+
+def shared_file_system(directory: str, mounts_text: str) -> str:
+    """The type of the file system the nodes share that DIRECTORY is on, as MOUNTS_TEXT (this host's
+    /proc/self/mounts) places it; "" when it is on a disk of this host's own."""
+    kind = file_system_type(os.path.realpath(directory), mount_table(mounts_text))
+    return kind if kind in SHARED_TYPES else ""
+
+
+def compile_cache(value: str) -> str:
+    """SRUNSH_COMPILE_CACHE's directory ("" when off), refused where the nodes share it."""
+    if value == "off":
+        return ""
+    if shared := shared_file_system(value, Path("/proc/self/mounts").read_text()):
+        raise UsageError(
+            f"SRUNSH_COMPILE_CACHE={q(value)} is on {shared}, a file system the nodes share, where Triton's cache"
+            " writes race across nodes and fail ranks: name a directory on every node's own disk, e.g."
+            " SRUNSH_COMPILE_CACHE=/var/tmp, or off"
+        )
+    return os.path.normpath(value)

@@ -1,7 +1,6 @@
 """srun.sh's checks on the launching host, before anything starts: the knobs the environment set, the arguments, the
 recipe, the allocation (GPUs, CPUs, a homogeneous job), the container image and mounts. The first problem found raises
-UsageError, whose message names it and its fix; otherwise `preflight` gives the paths and counts the launch needs.
-"""
+UsageError, whose message names it and its fix; otherwise `preflight` gives the paths and counts the launch needs."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from pathlib import Path
 
 from launcher.assignments import assignment
 from launcher.errors import UsageError, q
-from launcher.host import compile_cache
-from launcher.host.mounts import Mount, container_path, mount_of, split_mount
+from launcher.host.mounts import Mount, compile_cache, container_path, mount_of, split_mount
 from launcher.host.plan import LaunchPlan
 
 Knobs = dict[str, str]
@@ -62,8 +60,7 @@ BATCH_KNOB_CHECKS: Checks = {
 
 def knob_names() -> list[str]:
     """The knobs, as srun.sh's Knobs section defines them."""
-    text = (REPO / "srun.sh").read_text()
-    section = text.split("# ---- Knobs", 1)[1].split("# ---- End of knobs", 1)[0]
+    section = (REPO / "srun.sh").read_text().split("# ---- Knobs", 1)[1].split("# ---- End of knobs", 1)[0]
     return re.findall(r"^([A-Z][A-Z0-9_]*)=", section, re.M)
 
 
@@ -87,18 +84,14 @@ def environment_knobs(knobs: list[str], plan: LaunchPlan) -> None:
     """The knobs the environment set, for the launch's first line (a knob inherited from the host steers every launch
     from it). A name with srun.sh's prefix that is no knob is a typo, refused; a knob's name from before it had the
     prefix is not read, and the launch says so, with the new name."""
-    given, ignored = [], []
-    for name in sorted(os.environ):
-        if name in knobs:
-            given.append(name)
-        elif name.startswith("SRUNSH_"):
+    names = sorted(os.environ)
+    for name in names:
+        if name.startswith("SRUNSH_") and name not in knobs:
             raise UsageError(
                 f"{name}, set in the environment, is no knob of srun.sh: unset it or fix its name (./srun.sh --help)"
             )
-        elif f"SRUNSH_{name}" in knobs:
-            ignored.append(f"{name} (now SRUNSH_{name})")
-    plan.env_knobs = " ".join(f"{name}={q(os.environ[name])}" for name in given)
-    plan.env_ignored = " ".join(ignored)
+    plan.env_knobs = " ".join(f"{name}={q(os.environ[name])}" for name in names if name in knobs)
+    plan.env_ignored = " ".join(f"{name} (now SRUNSH_{name})" for name in names if f"SRUNSH_{name}" in knobs)
 
 
 def check_arguments(plan: LaunchPlan, words: list[str]) -> str:
@@ -309,7 +302,7 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
         gpus = slurm_allocation(gpus, plan)
     check_knobs(KNOB_CHECKS, {**knob, "SRUNSH_GPUS_PER_NODE": gpus})
     plan.ranks_per_node = int(gpus)
-    plan.compile_cache = compile_cache.directory(knob["SRUNSH_COMPILE_CACHE"])
+    plan.compile_cache = compile_cache(knob["SRUNSH_COMPILE_CACHE"])
     stem = os.path.basename(recipe).removesuffix(".py") or os.path.basename(recipe)
     plan.run_root = f"{os.path.realpath(knob['SRUNSH_OUTPUT_ROOT'])}/{stem}"
     if plan.container:

@@ -1,12 +1,6 @@
 """What the launching host asks SLURM and the network: the job's nodes and state, the launch's step, the cluster's
-settings, and the rendezvous address of a SLURM launch.
-
-The rendezvous address is an address of the job's first node that the other nodes reach: SLURM's NodeAddr of the first
-node, or the first of its IPv4 addresses outside 127.0.0.0/8 (Debian and Ubuntu map a host's own name to 127.0.1.1 in
-/etc/hosts, which only that host reaches). On the first node itself (a batch job, salloc from that node), when its name
-gives only loopback: the address of its interface that routes to the second node, as the kernel chooses it (ip route
-get), said once on stderr.
-"""
+settings, and the rendezvous address of a SLURM launch: an address of the job's first node that the other nodes reach,
+never a loopback one (Debian and Ubuntu map a host's own name to 127.0.1.1; docs/launch.md, "The master address")."""
 
 from __future__ import annotations
 
@@ -46,11 +40,7 @@ def job_state(job: str) -> str:
 def launch_step(job_id: str, step_name: str) -> str:
     """JOB.STEP of the launch's srun step; empty before it exists."""
     out = output(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"])
-    for line in out.splitlines():
-        words = line.split()
-        if len(words) >= 2 and words[1] == step_name:
-            return words[0]
-    return ""
+    return next((words[0] for words in map(str.split, out.splitlines()) if words[1:2] == [step_name]), "")
 
 
 def node_address(host: str) -> str:

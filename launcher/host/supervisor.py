@@ -8,12 +8,15 @@ training stack.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 if not __package__:  # run as a script (srun.sh): the repository, two folders up, holds the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -28,15 +31,70 @@ from launcher.host.batch import BatchJob
 from launcher.host.first_failure import log_end
 from launcher.host.first_failure import report as report_failure
 from launcher.host.job import resolve_job
+from launcher.host.notes import pass_on
 from launcher.host.preflight import REPO, Knobs, parse_options, preflight
-from launcher.host.slurm import launch_step
-from launcher.host.steps import Step
+from launcher.host.slurm import config, launch_step
 from launcher.restart.plan import outcome as inprocess_outcome
 from launcher.restart.plan import plan as inprocess_plan
 
-HANG_REPORT = REPO / "launcher" / "hang" / "report.py"
-HEALTH_REPORT = REPO / "launcher" / "health" / "report.py"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+POLL_S = 0.1
+
+
+def kill_wait_s() -> int:
+    """The cluster's grace period between SIGTERM and SIGKILL (KillWait, "30 sec"); torchrun's 30 s without one."""
+    value = config("KillWait")
+    return 30 if value is None else int(re.match("[0-9]*", value).group() or 0)
+
+
+class Step:
+    """One launch command, run to its end; `stop` sends its ranks SIGTERM."""
+
+    def __init__(self, command: list[str], log: Path, local: bool) -> None:
+        self.command, self.log, self.local = command, log, local
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_start = 1
+
+    def run(self, each_poll: Callable[[], object] = lambda: None) -> int:
+        """Runs the command to its end, calling EACH_POLL in this thread meanwhile."""
+        with run_files.private_files():
+            log = open(self.log, "ab")  # closed by the notes thread
+        self.log_start = log.tell() + 1  # this launch's lines of launcher.log start here
+        # torchrun gets a session of its own, so that a terminal's Ctrl-C reaches the ranks once, as srun.sh's SIGTERM.
+        self.process = subprocess.Popen(self.command, stderr=subprocess.PIPE, start_new_session=self.local)
+        notes = threading.Thread(target=keep_notes, args=(self.process.stderr, log, self.local), daemon=True)
+        notes.start()
+        while self.process.poll() is None:
+            each_poll()
+            time.sleep(POLL_S)
+        notes.join()
+        code = self.process.returncode
+        return 128 - code if code < 0 else code  # as the shell gives it: 128+N for a signal
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, job_id: str, step_name: str, to_save: bool = False) -> None:
+        """SIGTERM to every rank, SIGKILL to what is left after the grace period; TO_SAVE: no SIGKILL, the ranks save
+        a checkpoint before the time limit (SLURM kills what is left at the limit)."""
+        step = "" if self.local else launch_step(job_id, step_name)
+        if not step:  # torchrun, or srun before its step exists (it then cancels its request)
+            if self.process is not None and self.alive():
+                self.process.send_signal(signal.SIGTERM)
+            return
+        subprocess.run(["scancel", "--signal=TERM", step], check=False)
+        if to_save:
+            return
+        deadline = time.monotonic() + kill_wait_s()
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        subprocess.run(["scancel", step], stderr=subprocess.DEVNULL, check=False)
+
+
+def keep_notes(source: BinaryIO, log: BinaryIO, local: bool) -> None:
+    """What srun or torchrun say, to launcher.log, the console or both (notes.py), in a thread that outlives a stop."""
+    with log:
+        pass_on(source, sys.stderr.buffer, log, local)
 
 
 class Supervisor:
@@ -61,8 +119,7 @@ class Supervisor:
             return
         self.stopped_by = signal.Signals(number)
         say(f"srun.sh: got {self.stopped_by.name}; sending SIGTERM to every rank")
-        self.collect_hang_report(f"srun.sh got {self.stopped_by.name}")
-        self.stop_ranks()
+        self.stop_ranks(f"srun.sh got {self.stopped_by.name}")
 
     def on_time_limit(self) -> None:
         """A batch job SRUNSH_SAVE_LEAD_S from its time limit: every rank gets SIGTERM, on which Megatron Bridge saves
@@ -74,45 +131,38 @@ class Supervisor:
             return
         lead = self.limit.knobs["SRUNSH_SAVE_LEAD_S"]
         say(f"srun.sh: job {self.job} reaches its time limit in {lead}s: SIGTERM to every rank to save and stop")
-        self.collect_hang_report(f"the job's time limit is {lead}s away")
-        self.stop_ranks(to_save=True)
+        self.stop_ranks(f"the job's time limit is {lead}s away", to_save=True)
 
     def on_stall(self, why: str) -> None:
         """The hang watch found no completed step for too long: the report, then SIGTERM to every rank (exit 124)."""
         if self.stopped_by or self.hung:
             return
         self.hung = True
-        self.collect_hang_report(why)
-        self.stop_ranks()
-
-    def stop_ranks(self, to_save: bool = False) -> None:
-        if self.step is not None:
-            self.step.stop(self.job, self.plan.step_name, to_save)
+        self.stop_ranks(why)
 
     def exit_if_stopped(self) -> None:
         if self.stopped_by:
             raise SystemExit(128 + self.stopped_by)
 
-    def collect_hang_report(self, why: str) -> None:
-        """The hang report, once per launch, before any rank is signalled to stop. WHY says what stopped it."""
-        if not self.hang_report_due:
-            return
-        self.hang_report_due = False
-        target = ["--local"]
-        if not self.plan.local:
-            step = launch_step(self.job, self.plan.step_name)
-            if not step:
-                return  # no step yet: no rank to ask
-            target = ["--step", step]
-        if self.hung:
-            target.append("--stalled")  # the hang watch's: a stall, not a stop of a job that may be progressing
-        # Whatever its status: a report that could not be written leaves the stop as it is.
-        subprocess.run(
-            ["python3", str(HANG_REPORT), self.plan.run_dir, "--why", why, "--world-size",
-             str(self.plan.world_size), "--nodes", ",".join(self.plan.hosts), "--ranks-per-node",
-             str(self.plan.ranks_per_node), *target],
-            check=False,
-        )  # fmt: skip
+    def stop_ranks(self, why: str, to_save: bool = False) -> None:
+        """The hang report, once per launch and before any rank is signalled to stop (WHY says what stopped them),
+        then SIGTERM to every rank."""
+        if self.hang_report_due:
+            self.hang_report_due = False
+            step = "" if self.plan.local else launch_step(self.job, self.plan.step_name)
+            target = ["--step", step] if step else ["--local"]
+            if self.hung:
+                target.append("--stalled")  # the hang watch's: a stall, not a stop of a job that may be progressing
+            if step or self.plan.local:  # no step yet: no rank to ask
+                # Whatever its status: a report that could not be written leaves the stop as it is.
+                subprocess.run(
+                    ["python3", f"{REPO}/launcher/hang/report.py", self.plan.run_dir, "--why", why, "--world-size",
+                     str(self.plan.world_size), "--nodes", ",".join(self.plan.hosts), "--ranks-per-node",
+                     str(self.plan.ranks_per_node), *target],
+                    check=False,
+                )  # fmt: skip
+        if self.step is not None:
+            self.step.stop(self.job, self.plan.step_name, to_save)
 
     # ---- the launch ------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -161,8 +211,8 @@ class Supervisor:
         )
         result = self.run_dir / run_files.HEALTH_JSON
         result.unlink(missing_ok=True)
-        report = ["python3", str(HEALTH_REPORT), plan.run_dir, "--timeout", plan.health_timeout_s, "--nodes"]
-        report += [",".join(plan.hosts), "--ranks-per-node", str(plan.ranks_per_node), "--"]
+        report = ["python3", f"{REPO}/launcher/health/report.py", plan.run_dir, "--timeout", plan.health_timeout_s]
+        report += ["--nodes", ",".join(plan.hosts), "--ranks-per-node", str(plan.ranks_per_node), "--"]
         self.step = Step([*report, *command.launch_command(plan, health=True)], self.log, plan.local)
         status = self.step.run()
         run_files.remove_rank_statuses(plan.run_dir)  # the check's: the launch's own failure report reads these
@@ -179,10 +229,7 @@ class Supervisor:
         # The requeue's SIGTERM reaches this process: ignored from here on, since nothing is left to stop, and a
         # stop would spend the cluster's KillWait before the nodes are excluded.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        requeued = self.requeue(status, f"failed the health check{f' on {failed}' if failed else ''}")
-        if requeued:
-            raise SystemExit(requeued)
-        if failed:
+        if self.requeue(status, f"failed the health check{f' on {failed}' if failed else ''}") == 0 and failed:
             exclude(self.job, failed)
         raise SystemExit(status)
 
@@ -190,7 +237,7 @@ class Supervisor:
         """After a batch job's launch: requeue it when it stopped for its time limit, or failed with retries left.
         0 once it is requeued; otherwise the status to exit with."""
         assert self.limit is not None  # a batch job's
-        history = self.run_dir / run_files.REQUEUES_LOG
+        history, job = self.run_dir / run_files.REQUEUES_LOG, self.job
         if self.limit.reached and self.training_started:
             reason = f"saved before the time limit (exit status {status})"
         elif self.limit.reached:
@@ -200,7 +247,7 @@ class Supervisor:
             retries = int(self.limit.knobs["SRUNSH_MAX_RETRIES"])
             if failures >= retries:
                 say(
-                    f"srun.sh: job {self.job} failed, and is not requeued: it was requeued after {failures} failure(s)"
+                    f"srun.sh: job {job} failed, and is not requeued: it was requeued after {failures} failure(s)"
                     f" already (SRUNSH_MAX_RETRIES={retries})"
                 )
                 return status
@@ -209,13 +256,10 @@ class Supervisor:
             return status
         with open(history, "a") as file:
             restart = os.environ.get("SLURM_RESTART_COUNT") or 0
-            file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job {self.job} restart {restart}: {reason}\n")
-        say(
-            f"srun.sh: {reason}: requeueing job {self.job}, which resumes run {self.plan.run_id} from its latest"
-            " checkpoint"
-        )
+            file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job {job} restart {restart}: {reason}\n")
+        say(f"srun.sh: {reason}: requeueing job {job}, which resumes run {self.plan.run_id} from its latest checkpoint")
         self.remove_shared_container()  # while the job's allocation is still there
-        return 0 if subprocess.run(["scontrol", "requeue", self.job], check=False).returncode == 0 else status
+        return 0 if subprocess.run(["scontrol", "requeue", job], check=False).returncode == 0 else status
 
     def remove_shared_container(self) -> None:
         name, self.shared_container = self.shared_container, ""
@@ -246,9 +290,7 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
     command.export_rank_environment(plan)
     shared, container_line = container.plan_start(plan)
     if plan.dry_run:
-        sys.stdout.buffer.write(os.fsencode(command.dry_run_text(plan)))
-        sys.stdout.flush()
-        command.say_environment_knobs(plan, "", None)
+        command.dry_run(plan)
         return 0
     run_files.remove_rank_statuses(plan.run_dir)
     Path(plan.run_dir, run_files.USAGE_ERROR).unlink(missing_ok=True)
@@ -265,13 +307,13 @@ def main(argv: list[str]) -> int:
     """ARGV: srun.sh's knobs, NAME=VALUE, then -- and its own arguments."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # as bash: a Ctrl-C before the launch ends this process quietly
     split = argv.index("--")
-    knobs = {"MASTER_ADDR": "", "MASTER_PORT": "", **dict(pair.split("=", 1) for pair in argv[:split])}
+    knobs = dict(pair.split("=", 1) for pair in argv[:split])
     words, limit = argv[split + 1 :], None
     try:
         if words[:1] == ["--sbatch"]:
             return batch.submit(words[1:], knobs)
         if words[:1] == ["--batch-job"]:
-            words, limit = words[1:], batch.trap_time_limit(knobs)
+            words, limit = words[1:], BatchJob(knobs)
         plan, words = parse_options(words, batch_job=limit is not None)
         return launch(plan, words, knobs, limit)
     except UsageError as error:

@@ -134,5 +134,5 @@ main() {
   exit "$status"
 }
 
-# Sourced (the tests compare visible_gpus with the launching host's count): the functions only.
+# Sourced (the launching host counts its GPUs with visible_gpus, as each rank does): the functions only.
 [[ ${BASH_SOURCE[0]} != "$0" ]] || main "$@"

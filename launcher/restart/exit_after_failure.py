@@ -1,12 +1,8 @@
-"""A rank whose training raised exits within GRACE_S, also when Megatron Bridge's clean-up after the error hangs.
-
-Megatron Bridge 0.6.2's pretrain() logs a training error (logger.exception) and aborts the process groups before it
-re-raises; an abort that never returns leaves a rank that neither trains nor exits. The error's record starts a timer:
-when it runs out the rank says so and exits 1, and srun.sh reports it as the rank that failed first. train()'s own
-sys.exit() (after its save on SIGTERM, or at train.exit_interval) takes the same path, logged as "Pretrain failed ...
-SystemExit: 0": that rank says at once that it did not fail, and exits with the status it chose after EXIT_GRACE_S,
-inside the 30 s grace that torchrun and SLURM give a stopped rank.
-"""
+"""A rank whose training raised exits within GRACE_S, also when Megatron Bridge 0.6.2's clean-up after the error (its
+abort of the process groups, after it logged the error) never returns: the error's record starts a timer, and when it
+runs out the rank says so and exits 1. train()'s own sys.exit(), logged as "Pretrain failed ... SystemExit: 0", is no
+failure: the rank says so at once and exits with the status it chose after EXIT_GRACE_S, inside the 30 s grace that
+torchrun and SLURM give a stopped rank (docs/failures.md, upstream defects)."""
 
 import logging
 import os
@@ -25,8 +21,7 @@ class ExitAfterFailure(logging.Handler):
 
     def __init__(self, grace_s: float, exit_grace_s: float) -> None:
         super().__init__(level=logging.ERROR)
-        self.grace_s = grace_s
-        self.exit_grace_s = exit_grace_s
+        self.grace_s, self.exit_grace_s = grace_s, exit_grace_s
         self.timer: threading.Timer | None = None
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -1,6 +1,5 @@
 """The rank's side of in-process restart (nvidia-resiliency-ext, as Megatron Bridge 0.6.2 integrates it): the checks
-that upstream leaves to a failure on every rank after start-up, and the CallWrapper that upstream's adapter drops.
-"""
+that upstream leaves to a failure on every rank after start-up, and the CallWrapper that upstream's adapter drops."""
 
 import inspect
 import os
@@ -42,7 +41,12 @@ def check_restart(cfg: ConfigContainer, world_size: int | None) -> None:
     if not restart_enabled(cfg):
         return
     check_timeouts(cfg.inprocess_restart)
-    check_launcher_knows()
+    # srun.sh learns of in-process restart from the command line only: not from a recipe that turns it on.
+    if "RUN_DIR" in os.environ and os.environ.get("SRUNSH_INPROCESS") not in ("1", None):
+        raise UsageError(
+            "the recipe turns in-process restart on, but srun.sh started the ranks without it, so the job would still"
+            " end at the first failed rank: add inprocess_restart.enabled=true to the command line"
+        )
     if world_size is not None:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
         check_node_layer(cfg.inprocess_restart, per_node)
@@ -61,15 +65,6 @@ def check_timeouts(config: InProcessRestartConfig) -> None:
         raise UsageError(
             f"inprocess_restart.heartbeat_interval={config.heartbeat_interval:g} is not below heartbeat_timeout="
             f"{config.heartbeat_timeout:g}: a rank would count as missing between two heartbeats; lower the interval"
-        )
-
-
-def check_launcher_knows() -> None:
-    """srun.sh learns of in-process restart from the command line only: not from a recipe that turns it on."""
-    if "RUN_DIR" in os.environ and os.environ.get("SRUNSH_INPROCESS") not in ("1", None):
-        raise UsageError(
-            "the recipe turns in-process restart on, but srun.sh started the ranks without it, so the job would still"
-            " end at the first failed rank: add inprocess_restart.enabled=true to the command line"
         )
 
 

@@ -1,12 +1,9 @@
 """One line per in-process restart, on the console (rank 0's) and in RUN_DIR/restarts.log: which rank, why, when, and
-the seconds until the next completed training step.
-
-nvidia-resiliency-ext's Wrapper logs on its "nvrx" logger `fn_ex: <the exception>` on the rank that raised, the
-warning `term_ex: RankShouldRestart('Interruption.KIND affecting ranks {R, ...}')` on every rank, then `restart_ex:
-HealthCheckPassed()`. Megatron Bridge's logger.filter_warnings (its default) drops the warning: the ranks that raised
-then name the cause, each in RUN_DIR/restarts/rank-R.txt. The iteration's active rank 0 writes the line once the next
-step completes, and meanwhile marks the progress record "restarting" (the hang watch's start-up limit then applies).
-"""
+the seconds until the next completed training step, from what nvidia-resiliency-ext's Wrapper logs (RAISED on the rank
+that raised, INTERRUPTED on every rank, then RESTARTING). Megatron Bridge drops the INTERRUPTED warning by default
+(docs/failures.md): the ranks that raised then name the cause, each in RUN_DIR/restarts/rank-R.txt. The iteration's
+active rank 0 writes the line once the next step completes, and meanwhile marks the progress record "restarting" (the
+hang watch's start-up limit then applies)."""
 
 import dataclasses
 import logging
@@ -63,7 +60,7 @@ class RestartLog(logging.Handler):
             self.restart_seen("")  # the warning above was filtered: the ranks that raised say who (step_completed)
 
     def restart_seen(self, why: str) -> None:
-        groups = [(m["kind"], ranks_in(m["ranks"])) for m in AFFECTED.finditer(why)]
+        groups = [(m["kind"], sorted(map(int, re.findall("[0-9]+", m["ranks"])))) for m in AFFECTED.finditer(why)]
         # A rank that died or stopped answering comes first: the exceptions beside it are its peers' failed collectives.
         groups.sort(key=lambda group: group[0] == "EXCEPTION")
         self.pending = Pending(groups, time.time())
@@ -105,10 +102,6 @@ class RestartLog(logging.Handler):
         return found
 
 
-def ranks_in(text: str) -> list[int]:
-    return sorted(int(rank) for rank in text.split(",") if rank.strip())
-
-
 def describe(count: int, pending: Pending, errors: dict[int, str], step: int, seconds: float) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(pending.at))
     parts = []
@@ -138,8 +131,7 @@ def register(callbacks: progress.Registry, run_dir: Path) -> None:
     handler = install(run_dir)
 
     def step_end(context: Any) -> None:
-        line = handler.step_completed(context.state.train_state.step + 1)
-        if line is not None:
+        if (line := handler.step_completed(context.state.train_state.step + 1)) is not None:
             say(line)
 
     callbacks.register("on_train_step_end", step_end)

@@ -1,8 +1,7 @@
 """The launching host's plan for in-process restart (nvidia-resiliency-ext's Wrapper around Megatron Bridge's
 pretrain()), from the launch's NAME=VALUE arguments before the step starts (a step with --kill-on-bad-exit would end
 at the first failed rank), and its outcome after a rank failed. Standard library only: the ranks check the resolved
-config again (launcher/restart/inprocess.py).
-"""
+config again (launcher/restart/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -54,11 +53,9 @@ class Plan:
 
 
 def flag(field: str, value: str) -> bool:
-    if value.lower() in TRUE:
-        return True
-    if value.lower() in FALSE:
-        return False
-    raise PlanError(f"{SECTION}{field}={value!r} is not true or false: write {SECTION}{field}=true")
+    if value.lower() not in TRUE | FALSE:
+        raise PlanError(f"{SECTION}{field}={value!r} is not true or false: write {SECTION}{field}=true")
+    return value.lower() in TRUE
 
 
 def count(field: str, value: str) -> int | None:

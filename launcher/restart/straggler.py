@@ -1,11 +1,8 @@
-"""Straggler detection (nvidia-resiliency-ext's straggler.Detector, as Megatron Bridge 0.6.2 runs it with
-nvrx_straggler.enabled=true) made visible: every record of its logger goes to RUN_DIR/stragglers.log (the relative and
-individual GPU performance scores, every nvrx_straggler.report_time_interval seconds), and each straggler found is one
-console line naming its rank and host, as is the stop with nvrx_straggler.stop_if_detected=true.
-
-Megatron Bridge's manager logs on rank 0: "STRAGGLER DETECTION WARNING: ... Affected ranks: {StragglerId(rank=3,
-node='node2')}" ("worse relative performance" or "performance dropped"), and STOPPING when it stops training.
-"""
+"""Straggler detection (nvidia-resiliency-ext's, with nvrx_straggler.enabled=true; docs/failures.md) made visible:
+every record of its logger goes to RUN_DIR/stragglers.log (the GPUs' scores), and each straggler found is one console
+line naming its rank and host, as is the stop with nvrx_straggler.stop_if_detected=true. Megatron Bridge 0.6.2's
+manager logs on rank 0: "STRAGGLER DETECTION WARNING: ... Affected ranks: {StragglerId(rank=3, node='node2')}" ("worse
+relative performance" or "performance dropped"), and STOPPING when it stops training."""
 
 import logging
 import re
