@@ -76,7 +76,7 @@ def many_records() -> Iterator[None]:
             gc.enable()
 
 
-def read_text(path: str) -> str:
+def read_text(path: str | Path) -> str:
     """PATH's text; empty when it cannot be read."""
     try:
         with open(path, errors="surrogateescape") as file:
