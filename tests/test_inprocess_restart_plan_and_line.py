@@ -37,6 +37,7 @@ def test_no_active_ranks_is_refused_before_anything_starts(tmp_path_factory, zer
         " e.g. inprocess_restart.active_world_size=8"
     ]
     assert not world.calls()
+    assert world.run_dirs() == []  # no run folder taken either
 
 
 def steps_as_megatron_bridge_counts_them(callbacks, state, count: int) -> None:

@@ -78,6 +78,17 @@ def test_typed_gpus_of_the_allocation_give_four_ranks_a_node(slurm_world: SrunWo
     assert {r["env"]["SLURM_GPUS_PER_NODE"] for r in records.values()} == {f"{GPU_TYPE}:4"}
 
 
+def test_typed_gres_of_the_allocation_gives_four_ranks_a_node(slurm_world: SrunWorld):
+    """salloc --gres=gpu:h100:4 leaves its shell no GPU variable: srun.sh reads the job's request from SLURM."""
+    result, steps = slurm_world.in_allocation(
+        "--no-container", "recipe.py", salloc=("--nodes=2", f"--gres=gpu:{GPU_TYPE}:4")
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert steps == 1
+    assert_one_job_of(slurm_world.records(), list(NODES), per_node=4)
+
+
 def test_a_node_with_one_rank_leaves_its_cpu_threads_to_torch(slurm_world: SrunWorld):
     result, _ = slurm_world.in_allocation(
         "--no-container", "recipe.py", salloc=("--nodes=2", "--gpus-per-node=1"), env=RENDEZVOUS

@@ -18,14 +18,14 @@ from launcher.run_files import private_files, read_text
 PORT_BASE, PORT_SPAN = 20000, 12768  # below Linux's ephemeral range (32768+)
 
 
-def name_run(run_id: str, local: bool) -> tuple[str, bool]:
-    """The run's id, and whether it is a new run: <job id>-<date>-<time>, or local-<date>-<time>-<pid>."""
+def name_run(run_id: str, local: bool) -> str:
+    """The run's id: the one given, or a new run's, <job id>-<date>-<time>, or local-<date>-<time>-<pid>."""
     if run_id:
-        return run_id, False
+        return run_id
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if local:
-        return f"local-{stamp}-{os.getpid()}", True
-    return f"{os.environ.get('SLURM_JOB_ID') or 'JOBID'}-{stamp}", True
+        return f"local-{stamp}-{os.getpid()}"
+    return f"{os.environ.get('SLURM_JOB_ID') or 'JOBID'}-{stamp}"
 
 
 def resolve_hosts(local: bool, master_addr: str) -> tuple[list[str], str]:
@@ -109,12 +109,16 @@ def lock_run(run_id: str, path: str) -> None:
 
 
 def resolve_job(plan: LaunchPlan, knobs: Knobs) -> bool:
-    """The job facts every rank shares, into PLAN: the run, the nodes, MASTER_ADDR and MASTER_PORT; the run's folder
-    taken unless it is a dry run. Whether the launch resumes an earlier run."""
-    plan.run_id, new_run = name_run(knobs["SRUNSH_RUN_ID"], plan.local)
-    base, taken, resuming = plan.run_id, 0, not new_run and os.path.isdir(plan.run_dir)
+    """The job facts every rank shares, into PLAN: the run and the nodes, with MASTER_ADDR. Whether the launch resumes
+    an earlier run. Nothing is written yet (take_run)."""
+    plan.run_id = name_run(knobs["SRUNSH_RUN_ID"], plan.local)
     plan.hosts, plan.master_addr = resolve_hosts(plan.local, knobs["MASTER_ADDR"])
+    return bool(knobs["SRUNSH_RUN_ID"]) and os.path.isdir(plan.run_dir)
+
+
+def take_run(plan: LaunchPlan, knobs: Knobs) -> None:
+    """The run's folder taken, unless it is a dry run (a new run's id then gets -N where it must), and MASTER_PORT."""
+    base, taken = plan.run_id, 0
     if not plan.dry_run:
-        taken = claim_run_dir(plan, new_run)
+        taken = claim_run_dir(plan, new_run=not knobs["SRUNSH_RUN_ID"])
     plan.master_port = knobs["MASTER_PORT"] or run_port(plan.run_root, base, taken)
-    return resuming

@@ -15,6 +15,7 @@ from launcher.assignments import assignment
 from launcher.errors import UsageError, q
 from launcher.host.mounts import Mount, compile_cache, container_path, mount_of, split_mount
 from launcher.host.plan import LaunchPlan
+from launcher.host.slurm import gres_gpus_per_node
 
 Knobs = dict[str, str]
 Checks = dict[str, tuple[Callable[[str], object], str]]  # a knob's name: whether a value is taken, and why not
@@ -157,8 +158,9 @@ def slurm_allocation(gpus: str, plan: LaunchPlan) -> str:
             f"job {job} is heterogeneous ({os.environ['SLURM_HET_SIZE']} components), which srun.sh cannot place ranks"
             " in: allocate one set of identical nodes"
         )
-    allocated = (os.environ.get("SLURM_GPUS_PER_NODE") or os.environ.get("SLURM_GPUS_ON_NODE") or "").split(":")[-1]
-    gpus = gpus or allocated or "8"  # "4" or "h100:4"
+    allocated = os.environ.get("SLURM_GPUS_PER_NODE") or os.environ.get("SLURM_GPUS_ON_NODE") or gres_gpus_per_node(job)
+    allocated = allocated.split(":")[-1]  # "4" or "h100:4"
+    gpus = gpus or allocated or "8"
     if not POSITIVE.fullmatch(gpus):
         return gpus  # refused by check_knobs
     if allocated and int(gpus) > int(allocated):

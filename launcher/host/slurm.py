@@ -37,6 +37,14 @@ def job_state(job: str) -> str:
     return found.group(1) if found and found.group(1) else "no longer known to SLURM"
 
 
+def gres_gpus_per_node(job: str) -> str:
+    """The GPUs a node JOB asked for with --gres=gpu[:TYPE]:N, which no variable of salloc's shell holds: from its
+    TresPerNode (gres:gpu:h100:4; gres/gpu:h100=4 in later SLURM); empty without."""
+    tres = re.search(r" TresPerNode=(\S*)", output(["scontrol", "show", "job", "--oneliner", job]))
+    gpus = re.search(r"gres[:/]gpu(?::[^:,=]+)?[:=]([0-9]+)", tres.group(1)) if tres else None
+    return gpus.group(1) if gpus else ""
+
+
 def launch_step(job_id: str, step_name: str) -> str:
     """JOB.STEP of the launch's srun step; empty before it exists."""
     out = output(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"])

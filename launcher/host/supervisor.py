@@ -30,7 +30,7 @@ from launcher.host import plan as plans
 from launcher.host.batch import BatchJob
 from launcher.host.first_failure import log_end
 from launcher.host.first_failure import report as report_failure
-from launcher.host.job import resolve_job
+from launcher.host.job import resolve_job, take_run
 from launcher.host.notes import pass_on
 from launcher.host.preflight import REPO, Knobs, parse_options, preflight
 from launcher.host.slurm import config, launch_step
@@ -285,8 +285,10 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
     status; its run folder is taken unless it is a dry run."""
     preflight(plan, words, knobs)
     resuming = resolve_job(plan, knobs)
-    restart = inprocess_plan(plan.overrides, len(plan.hosts), plan.ranks_per_node, int(plan.master_port))
+    # Checked before the run's folder is taken; a port srun.sh derives is below 32768: only the knob's can be too high.
+    restart = inprocess_plan(plan.overrides, len(plan.hosts), plan.ranks_per_node, int(knobs["MASTER_PORT"] or 0))
     plan.inprocess = restart.enabled
+    take_run(plan, knobs)
     command.export_rank_environment(plan)
     shared, container_line = container.plan_start(plan)
     if plan.dry_run:
