@@ -47,7 +47,7 @@ SRUNSH_MOUNT=${SRUNSH_MOUNT:-"$REPO_DIR:/workspace/megatron,/fsx:/fsx"}
 # pyxis container name; empty: unnamed, unpacked at every launch and removed when it ends. A name reuses the
 # container that an earlier launch left on each node (no unpack; docs/containers.md).   SRUNSH_CONTAINER_NAME=megatron
 SRUNSH_CONTAINER_NAME=${SRUNSH_CONTAINER_NAME:-}
-# Ranks per node; empty: the allocation's GPUs a node (--gpus-per-node), else 8; with --local the visible GPUs.
+# Ranks per node; empty: the allocation's GPUs a node (--gpus-per-node, --gres=gpu:N), else 8; --local: visible GPUs.
 SRUNSH_GPUS_PER_NODE=${SRUNSH_GPUS_PER_NODE:-}
 # Run name; empty: a new run, <job id>-<date>-<time> (local-<date>-<time>-<pid> with --local). An earlier run's
 # id resumes that run: same RUN_DIR, its latest checkpoint.               SRUNSH_RUN_ID=4242-20261130-101500 ...
