@@ -30,7 +30,7 @@ from typing import NoReturn, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
-from launcher.errors import UsageError, report
+from launcher.errors import UsageError, from_srun_sh, report
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
 # a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
@@ -60,7 +60,7 @@ def chatter_held_back(quiet: bool) -> Iterator[None]:
 
 def missing_stack(error: ImportError) -> UsageError:
     """An image or Python without Megatron Bridge: say which one, and how to get one that has it."""
-    image = os.environ.get("SRUNSH_SQSH") if "RUN_DIR" in os.environ else None  # srun.sh's ranks in its container
+    image = from_srun_sh("SRUNSH_SQSH")  # set for the ranks srun.sh runs in its container
     if image:
         fix = f"the image {image} lacks it: rebuild it with 'make build', or point SRUNSH_SQSH at an image that has it"
     else:

@@ -1,5 +1,6 @@
 """The one exception type a user sees, and how a rank says it: one line, exit status 2, before any rank joins. srun.sh's
-supervisor on the launching host raises it too, and says it and its other lines there with `say`."""
+supervisor on the launching host raises it too, and says it and its other lines there with `say`. Also what srun.sh
+handed a rank it started (from_srun_sh), which entrypoint.py reads before the training stack is imported."""
 
 import os
 import shlex
@@ -29,6 +30,12 @@ def report(error: UsageError) -> None:
         except OSError:
             pass  # no run directory to leave it in: say it here
     sys.stderr.write(line)
+
+
+def from_srun_sh(name: str) -> str | None:
+    """NAME as srun.sh set it for the rank it started (it gives every rank RUN_DIR); None in any other process, where a
+    value the host exports for srun.sh itself (SRUNSH_SQSH, SRUNSH_MOUNT, SRUNSH_NSYS) means nothing."""
+    return os.environ.get(name) if "RUN_DIR" in os.environ else None
 
 
 def say(line: str) -> None:

@@ -19,7 +19,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 
 from launcher.config import splits
 from launcher.config.splits import Blend, Blends
-from launcher.errors import UsageError, first_line
+from launcher.errors import UsageError, first_line, from_srun_sh
 
 SAMPLED_SEQUENCES = 16  # first, last and evenly in between
 SAMPLED_TOKENS = 4096  # from the start of each sampled sequence
@@ -64,9 +64,9 @@ def check_data(cfg: ConfigContainer) -> None:
 
 
 def container_mounts() -> list[str] | None:
-    """The SRUNSH_MOUNT destinations when the ranks run in srun.sh's container, else None: srun.sh sets RUN_DIR for its
-    ranks, and SRUNSH_MOUNT (resolved) only for those in a container; a value a host exports for srun.sh means none."""
-    mount = os.environ.get("SRUNSH_MOUNT") if "RUN_DIR" in os.environ else None
+    """The SRUNSH_MOUNT destinations when the ranks run in srun.sh's container (it sets SRUNSH_MOUNT, resolved, for
+    those only), else None."""
+    mount = from_srun_sh("SRUNSH_MOUNT")
     return [entry.split(":")[1] for entry in mount.split(",") if ":" in entry] if mount else None
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from megatron.bridge.training.config import ConfigContainer
 
 from launcher.config.checks import profiled_ranks
-from launcher.errors import UsageError
+from launcher.errors import UsageError, from_srun_sh
 
 PROFILE_ARGS = (
     "profile -t cuda,nvtx -s none --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop"
@@ -26,14 +26,14 @@ HOST = socket.gethostname().split(".")[0]
 
 def profile_command(cfg: ConfigContainer, argv: list[str]) -> list[str] | None:
     """The command that runs this rank (`python argv`) under nsys, or None when this rank is not profiled."""
-    # srun.sh --nsys sets SRUNSH_NSYS for its ranks (RUN_DIR): the knob a host exports for srun.sh profiles nothing
-    if "RUN_DIR" not in os.environ or not os.environ.get("SRUNSH_NSYS") or os.environ.get(UNDER_NSYS):
+    nsys = from_srun_sh("SRUNSH_NSYS")  # set under srun.sh --nsys only
+    if not nsys or os.environ.get(UNDER_NSYS):
         return None
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if rank not in profiled_ranks(cfg, world_size):
         return None
     report = Path(os.environ.get("RUN_DIR", ".")) / "nsys" / f"profile-{HOST}-rank{rank}"
-    return [os.environ["SRUNSH_NSYS"], *PROFILE_ARGS, "-o", str(report), sys.executable, *argv]
+    return [nsys, *PROFILE_ARGS, "-o", str(report), sys.executable, *argv]
 
 
 def exec_under_nsys(command: list[str]) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from megatron.bridge.training.config import ConfigContainer, InProcessRestartConfig
 
-from launcher.errors import UsageError
+from launcher.errors import UsageError, from_srun_sh
 from launcher.restart.plan import plan
 
 
@@ -42,7 +42,7 @@ def check_restart(cfg: ConfigContainer, world_size: int | None) -> None:
         return
     check_timeouts(cfg.inprocess_restart)
     # srun.sh learns of in-process restart from the command line only: not from a recipe that turns it on.
-    if "RUN_DIR" in os.environ and os.environ.get("SRUNSH_INPROCESS") not in ("1", None):
+    if from_srun_sh("SRUNSH_INPROCESS") not in ("1", None):
         raise UsageError(
             "the recipe turns in-process restart on, but srun.sh started the ranks without it, so the job would still"
             " end at the first failed rank: add inprocess_restart.enabled=true to the command line"
