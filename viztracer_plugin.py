@@ -55,9 +55,8 @@ def add_viztracer_field(cfg: ConfigContainer) -> None:
     """Give cfg.profiling the use_viztracer field, keeping every value the recipe set."""
     profiling = cfg.profiling if cfg.profiling is not None else ProfilingConfig()
     if not isinstance(profiling, VizTracerProfilingConfig):
-        cfg.profiling = VizTracerProfilingConfig(
-            **{f.name: getattr(profiling, f.name) for f in fields(profiling) if f.init}
-        )
+        kept = {f.name: getattr(profiling, f.name) for f in fields(profiling) if f.init}
+        cfg.profiling = VizTracerProfilingConfig(**kept)
 
 
 def active_profilers(config: Any) -> list[str]:
@@ -89,8 +88,7 @@ class WindowTracer:
     def __init__(self) -> None:
         self.tracer: VizTracer | None = None
         self.writer: tuple[int, VizTracer] | None = None  # the forked writer's pid, and the stopped tracer it reads
-        self.rank = 0
-        self.used = False
+        self.rank, self.used = 0, False
 
     def start(self, rank: int) -> None:
         run_id = os.environ.get("RUN_ID", f"pid{os.getpid()}")
@@ -135,11 +133,8 @@ class WindowTracer:
         if code is None:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            say(
-                self.rank,
-                f"viztracer writer did not finish writing {path} within {WRITER_DEADLINE_S:g} s; stopped it, the trace"
-                " is missing or incomplete",
-            )
+            late = f"did not finish writing {path} within {WRITER_DEADLINE_S:g} s; stopped it,"
+            say(self.rank, f"viztracer writer {late} the trace is missing or incomplete")
         elif code == 0:
             say(self.rank, f"viztracer trace written to {path}")
         else:

@@ -1,7 +1,7 @@
 """What the launch benchmarks share: the two launches they compare (A: `srun.sh --local`; B: torchrun running
-bench/upstream_pretrain.py on the same recipe and overrides), one launch with every console line timed as it arrives,
-and the numbers Megatron Bridge wrote to TensorBoard during it. Each launch runs in a directory of its own, its working
-directory and SRUNSH_OUTPUT_ROOT, below which either launch writes its TensorBoard event files.
+bench/upstream_pretrain.py on the same recipe and overrides), and one launch with every console line timed as it
+arrives. Each launch runs in a directory of its own, its working directory and SRUNSH_OUTPUT_ROOT, below which either
+launch writes its outputs.
 """
 
 import contextlib
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import IO
 
 import psutil
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from bench import report
 
@@ -31,15 +30,9 @@ LLAMA_FP8 = "recipes/llama3_8b_h200_fp8cs_pretrain.py"
 # Every step's time, model TFLOP/s and memory into TensorBoard; no validation (its steps are not training steps).
 # APEX is not installed; without it Megatron refuses to build the output layer with the gradient accumulation fusion
 # on, and the upstream launch does not turn it off by itself (entrypoint.py does).
-MEASURED = (
-    "logger.log_interval=1",
-    "logger.log_timers_to_tensorboard=true",
-    "logger.log_throughput_to_tensorboard=true",
-    "logger.log_memory_to_tensorboard=true",
-    "validation.eval_iters=0",
-    "model.gradient_accumulation_fusion=false",
-)
-STEP_TIME_S = "iteration-time"  # a TensorBoard tag Megatron Bridge 0.6.2 writes with MEASURED (training_log)
+MEASURED = ("logger.log_interval=1", "logger.log_timers_to_tensorboard=true")
+MEASURED += ("logger.log_throughput_to_tensorboard=true", "logger.log_memory_to_tensorboard=true")
+MEASURED += ("validation.eval_iters=0", "model.gradient_accumulation_fusion=false")
 PACKAGES = ("torch", "megatron-core", "megatron-bridge", "transformer-engine")  # in every result
 # Megatron Bridge's console line for each logged step (on its last rank): "[YYYY-MM-DD HH:MM:SS] iteration N/ M | ...
 # elapsed time per iteration (ms): T | ...".
@@ -87,7 +80,7 @@ class Finished:
 
 class Launch:
     """One launch in flight in `directory`: its console lines, each with the seconds after the start at which it
-    arrived, and its process tree, paused and resumed as a whole. close() writes the console to console.log there."""
+    arrived. close() writes the console to console.log there."""
 
     def __init__(self, command: list[str], directory: Path, env: dict[str, str] | None = None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -97,21 +90,12 @@ class Launch:
         environment |= env or {}
         self.output_root = environment["SRUNSH_OUTPUT_ROOT"]
         self.started = time.monotonic()
-        self.process = subprocess.Popen(
-            command,
-            cwd=directory,
-            env=environment,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
+        console = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
+        self.process = subprocess.Popen(command, cwd=directory, env=environment, start_new_session=True, **console)
         self.arrived: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self.read, args=(self.process.stdout,), daemon=True).start()
         self.lines: list[tuple[float, str]] = []
-        self.output_closed = self.terminated = False
-        self.seen: dict[int, psutil.Process] = {}  # every process of its tree seen so far
+        self.output_closed = False
 
     def read(self, stream: IO[str]) -> None:
         for line in stream:
@@ -132,38 +116,21 @@ class Launch:
         self.lines.append(line)
         return line[1]
 
-    @property
-    def exited(self) -> bool:
-        """The launcher has ended (its output may stay open while an orphan of a failed rank holds it)."""
-        return self.output_closed or self.process.poll() is not None
-
-    def pause(self) -> None:
-        self.seen |= signal_tree(self.process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self.seen |= signal_tree(self.process.pid, signal.SIGCONT)
-
-    def terminate(self) -> None:
-        """SIGTERM to the launcher's process group, once: srun.sh and torchrun pass it on to their ranks, which run in
-        sessions of their own (a SIGKILL would leave them on the GPUs); a second could catch a rank in its exit.
-        Resumed first: a stopped process acts on no signal but SIGKILL."""
-        self.resume()
-        if not self.terminated:
-            self.terminated = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-
     def stop(self) -> None:
-        """terminate(), wait a minute for the launcher, then SIGKILL its group; then SIGKILL every process of its tree
-        seen so far that is still there, such as a data loader worker that a failed rank left behind."""
-        self.terminate()
+        """SIGTERM to the launcher's process group: srun.sh and torchrun pass it on to their ranks, which run in
+        sessions of their own (a SIGKILL would leave them on the GPUs). Then wait a minute for the launcher, SIGKILL its
+        group, and SIGKILL every process of its tree at the SIGTERM that is still there, such as a data loader worker
+        that a failed rank left behind."""
+        tree = process_tree(self.process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-        for process in self.seen.values():  # psutil checks that the pid is still that process
+        for process in tree:  # psutil checks that the pid is still that process
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
 
@@ -172,7 +139,7 @@ class Launch:
 
     def reap_left_behind(self, grace_s: float = 5.0) -> list[str]:
         """The names of the launch's processes that still run grace_s after it ended, each then killed: one left
-        behind (a worker pool a rank started, say) would slow every launch after it, and the arm that follows most.
+        behind (a worker pool a rank started, say) would slow every launch after it.
         They are found by their SRUNSH_OUTPUT_ROOT, wherever they were re-parented: no other process has it."""
         names = {}
         for process in psutil.process_iter():
@@ -217,36 +184,6 @@ def process_tree(root: int) -> list[psutil.Process]:
         return [launcher, *launcher.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
-
-
-def signal_tree(root: int, signum: int) -> dict[int, psutil.Process]:
-    """signum to every process of root's tree; returns the tree. A process forked while the tree was read escapes one
-    pass, so SIGSTOP walks the tree again until no new process turns up."""
-    signalled: dict[int, psutil.Process] = {}
-    while tree := {process.pid: process for process in process_tree(root) if process.pid not in signalled}:
-        for process in tree.values():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(signum)
-        signalled |= tree
-        if signum != signal.SIGSTOP:
-            break
-    return signalled
-
-
-def scalars(directory: Path) -> dict[str, dict[int, tuple[float, float]]]:
-    """Every scalar Megatron Bridge wrote to TensorBoard below `directory` (its last rank writes them), read with
-    tensorboard's own EventAccumulator: {tag: {step: (wall time, value)}}."""
-    found: dict[str, dict[int, tuple[float, float]]] = {}
-    for events in sorted({path.parent for path in directory.rglob("events.out.tfevents.*")}):
-        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})  # 0: keep every event
-        accumulator.Reload()
-        for tag in accumulator.Tags()["scalars"]:
-            found.setdefault(tag, {}).update({e.step: (e.wall_time, e.value) for e in accumulator.Scalars(tag)})
-    return found
-
-
-def values(found: dict, tag: str) -> dict[int, float]:
-    return {step: value for step, (_, value) in found.get(tag, {}).items()}
 
 
 def result_header(case: str, gpus: int, commands: dict[str, list[str]]) -> dict:

@@ -30,25 +30,23 @@ if not __package__:  # run as a script: the repository, one folder up, holds the
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def timed(function: Callable, spent: list[float]) -> Callable:
-    """FUNCTION, adding the seconds of each of its calls to SPENT."""
-
-    def measured(*args: Any, **kwargs: Any) -> Any:
-        started = time.monotonic()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            spent.append(time.monotonic() - started)
-
-    return measured
-
-
 @contextlib.contextmanager
 def set_aside(*functions: tuple[Any, str]) -> Iterator[None]:
     """Each MODULE.NAME adds the seconds of its calls to what $SCALE_SPENT gets at the end, whatever happens."""
     spent: list[float] = []
+
+    def timed(function: Callable) -> Callable:
+        def measured(*args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent.append(time.monotonic() - started)
+
+        return measured
+
     for module, name in functions:
-        setattr(module, name, timed(getattr(module, name), spent))
+        setattr(module, name, timed(getattr(module, name)))
     try:
         yield
     finally:

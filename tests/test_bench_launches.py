@@ -1,6 +1,5 @@
 """bench/launches.py: a launch's console lines timed as they arrive, the launch stopped with every process of its group
-on timeout or when the benchmark itself is stopped, rounds in A B / B A order, and the TensorBoard scalars Megatron
-Bridge writes, read back from event files that torch's own SummaryWriter wrote."""
+on timeout or when the benchmark itself is stopped, and rounds in A B / B A order."""
 
 import os
 import signal
@@ -10,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from torch.utils.tensorboard import SummaryWriter
 
 from bench import launches
 
@@ -146,26 +144,3 @@ def test_both_launches_get_the_same_recipe_and_overrides():
     assert b[5] == str(launches.REPO / "bench" / "upstream_pretrain.py")
     assert a[2:] == b[6:]
     assert "model.gradient_accumulation_fusion=false" in a
-
-
-def write_megatron_scalars(log_dir: Path, step_s: dict[int, float]) -> None:
-    """The scalars Megatron Bridge's training_log writes with launches.MEASURED, through the same SummaryWriter."""
-    writer = SummaryWriter(log_dir=str(log_dir))
-    for step, seconds in step_s.items():
-        writer.add_scalar("throughput/tflops/device", 700.0 + step, step)
-        writer.add_scalar("throughput/tflops", 1400.0 + 2 * step, step)
-        writer.add_scalar("iteration-time", seconds, step)
-        writer.add_scalar("memory/mem-max-allocated-gigabytes", 100.0 + step, step)
-        writer.add_scalar("lm loss", 11.0 - step, step)
-    writer.close()
-
-
-def test_scalars_are_read_from_the_event_files_below_the_launch_directory(tmp_path: Path):
-    run_dir = tmp_path / "0-A" / "outputs" / "tiny_gpt_pretrain" / "bench-0-A" / "tb_logs"
-    write_megatron_scalars(run_dir, {1: 9.5, 2: 4.6, 3: 4.4})
-    found = launches.scalars(tmp_path / "0-A")
-    assert launches.values(found, "iteration-time") == pytest.approx({1: 9.5, 2: 4.6, 3: 4.4})
-    assert launches.values(found, "throughput/tflops/device") == {1: 701.0, 2: 702.0, 3: 703.0}
-    walls = [wall for wall, _ in found["iteration-time"].values()]
-    assert walls == sorted(walls) and abs(walls[0] - time.time()) < 60
-    assert launches.scalars(tmp_path / "nothing-here") == {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_startup, bench_turns, report
+from bench import bench_startup, report
 
 
 def test_writes_the_numbers_and_the_table_beside_each_other_and_returns_the_table(tmp_path: Path):
@@ -28,7 +28,7 @@ def test_a_table_has_its_header_its_rule_and_a_dash_for_a_missing_value():
     ]
 
 
-@pytest.mark.parametrize("module", [bench_startup, bench_turns])
+@pytest.mark.parametrize("module", [bench_startup])
 @pytest.mark.parametrize("bad", [["--rounds", "0"], ["--rounds", "two"], []])
 def test_a_benchmark_refuses_bad_options_before_it_starts_anything(module, bad: list[str], tmp_path: Path, capsys):
     """--rounds 0 used to run no launch and then fail on the table it never made; without --out there is nowhere to

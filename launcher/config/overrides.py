@@ -111,14 +111,13 @@ def split_for_configure(
 
 
 def build_config(recipe: ModuleType, kwargs: dict[str, Any]) -> ConfigContainer:
+    name = Path(recipe.__file__).name
     try:
         cfg = recipe.configure(**kwargs)
     except RECIPE_ERRORS as error:
-        name, message = Path(recipe.__file__).name, first_line(error)
-        raise UsageError(f"recipe {name}: configure() failed: {type(error).__name__}: {message}") from None
+        raise UsageError(f"recipe {name}: configure() failed: {type(error).__name__}: {first_line(error)}") from None
     if not isinstance(cfg, ConfigContainer):
-        name, kind = Path(recipe.__file__).name, type(cfg).__name__
-        raise UsageError(f"recipe {name}: configure() returned {kind}, not a ConfigContainer")
+        raise UsageError(f"recipe {name}: configure() returned {type(cfg).__name__}, not a ConfigContainer")
     viztracer_plugin.add_viztracer_field(cfg)
     return cfg
 

@@ -64,8 +64,7 @@ def check_splits(cfg: ConfigContainer, blends: tuple[Blend | None, Blends], leng
         return
     data = RunData(dataset, *blends, targets, lengths)
     parts = split_parts(data, dataset.split)
-    said = problems(parts, dataset)
-    if said:
+    if said := problems(parts, dataset):
         raise UsageError(refusal(said, parts, data))
 
 

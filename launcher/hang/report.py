@@ -160,10 +160,9 @@ def findings(ranks: dict[int, Rank], found: list[Collective], head: str) -> list
 
 
 def hang_at_start(ranks: dict[int, Rank], found: list[Collective]) -> tuple[str, str] | None:
-    start = start_hang(ranks)
-    if not start or not start[1]:
+    waiting, never = start_hang(ranks) or ([], [])
+    if not never:
         return None
-    waiting, never = start
     them = f"; {ranks_phrase((r.rank for r in waiting), 'wait')} for them in the rendezvous" if waiting else ""
     return (
         f"hang at start: {len(never)} rank(s) never joined torch.distributed{them}",

@@ -8,17 +8,13 @@ import subprocess
 import sys
 
 
-def excluded_nodes(job: str) -> str:
-    out = subprocess.run(
-        ["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True, timeout=30, check=False
-    ).stdout
-    found = re.search(r" ExcNodeList=([^ ]*)", out)
-    return "" if not found or found.group(1) == "(null)" else found.group(1)
-
-
 def exclude(job: str, nodes: str) -> None:
     """Adds `nodes` (comma-separated) to the ExcNodeList of `job`, and says so on stderr."""
-    excluded = ",".join(filter(None, [excluded_nodes(job), nodes]))
+    show = ["scontrol", "show", "job", "--oneliner", job]
+    shown = subprocess.run(show, capture_output=True, text=True, timeout=30, check=False).stdout
+    found = re.search(r" ExcNodeList=([^ ]*)", shown)
+    before = "" if not found or found.group(1) == "(null)" else found.group(1)
+    excluded = ",".join(filter(None, [before, nodes]))
     update = subprocess.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={excluded}"], timeout=30, check=False)
     if update.returncode == 0:
         print(f"srun.sh: job {job} runs without {nodes} from now on (ExcNodeList={excluded})", file=sys.stderr)

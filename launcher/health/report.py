@@ -105,9 +105,8 @@ def launch(command: list[str], health: Path, world: int, timeout: float) -> tupl
     process = subprocess.Popen(command)
     outcome, late, records = "stopped", [], {}
     try:
-        outcome, late, records = supervise(process, health, world, timeout)
-    except KeyboardInterrupt:
-        pass  # outcome stays "stopped"
+        with contextlib.suppress(KeyboardInterrupt):  # outcome stays "stopped"
+            outcome, late, records = supervise(process, health, world, timeout)
     finally:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)  # the stop below must not be cut short

@@ -51,9 +51,8 @@ class RestartLog(logging.Handler):
         message = record.getMessage()
         if raised := RAISED.search(message):
             self.folder.mkdir(parents=True, exist_ok=True)
-            (self.folder / f"rank-{rank()}.txt").write_text(
-                f"{time.time()} {socket.gethostname()}: {raised['error']}\n"
-            )
+            said = f"{time.time()} {socket.gethostname()}: {raised['error']}\n"
+            (self.folder / f"rank-{rank()}.txt").write_text(said)
         elif (interrupted := INTERRUPTED.search(message)) and self.pending is None:
             self.restart_seen(interrupted["why"])
         elif RESTARTING.search(message) and self.pending is None:
