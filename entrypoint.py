@@ -87,6 +87,7 @@ if __name__ != "__mp_main__":
             from megatron.bridge.training.pretrain import pretrain
 
             import viztracer_plugin
+            from launcher.checkpoints import defaults, intervals
             from launcher.config import checks, data, grammar, outputs, overrides, run_env
             from launcher.hang import dumps as hang_dumps
             from launcher.hang import progress
@@ -140,6 +141,8 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     recipe = load_recipe(args.recipe)
     parsed = grammar.parse(args.assignments)
     cfg, applied = overrides.configured(recipe, parsed, outputs.run_dir(args.recipe))
+    if defaults.keeps_work():  # a batch job or in-process restart: save without being asked
+        defaults.apply(cfg, set(applied))
     checks.check_config(cfg, world_size(args))
     return cfg, applied
 
@@ -166,16 +169,19 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
     run_env.set_cuda_device_max_connections(cfg)
     run_env.disable_missing_gradient_accumulation_fusion(cfg)
     rank, run_dir = int(os.environ.get("RANK", "0")), outputs.run_dir(recipe)
+    to_choose = defaults.to_choose(cfg, set(applied)) if defaults.keeps_work() else set()
     if rank == 0:
         outputs.save_run_record(cfg, run_dir)
         for key, value in applied.items():
             print(f"entrypoint.py: {key} = {value!r}", flush=True)
         say_what_it_trains_on(cfg, sys.stdout)
+        print(f"entrypoint.py: {defaults.describe(cfg, to_choose)}", flush=True)
         print(f"entrypoint.py: outputs in {run_dir}", flush=True)
     viztracer_plugin.install()
     restarts = inprocess.restart_enabled(cfg)
     hang_dumps.install(run_dir, rank, restarts)  # answers srun.sh's hang report: stacks and flight recorder
     callbacks = CallbackManager()
+    intervals.register(callbacks, to_choose)  # before progress, which reads the intervals it sets
     progress.register(callbacks, run_dir, rank)  # the step record srun.sh's hang watch reads
     straggler.install(cfg.nvrx_straggler, run_dir)  # scores to RUN_DIR/stragglers.log, a straggler named on the console
     if restarts:

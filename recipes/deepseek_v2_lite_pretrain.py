@@ -42,9 +42,6 @@ def configure(
     # MoE
     cfg.model.moe_permute_fusion = False
 
-    # Checkpoint: none.
-    cfg.checkpoint.save_interval = 0
-
     return apply_switches(
         cfg,
         hf_path=hf_path,

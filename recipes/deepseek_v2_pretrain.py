@@ -45,9 +45,6 @@ def configure(
     cfg.validation.eval_interval = 100
     cfg.scheduler.lr_warmup_iters = 50
 
-    # Checkpoint: none.
-    cfg.checkpoint.save_interval = 0
-
     return apply_switches(
         cfg,
         hf_path=hf_path,

@@ -41,9 +41,6 @@ def configure(
     cfg.validation.eval_iters = 4
     cfg.scheduler.lr_warmup_iters = 100
 
-    # Checkpoint: none by default; saving with FSDP uses the fsdp_dtensor format the switch sets.
-    cfg.checkpoint.save_interval = 0
-
     return apply_switches(
         cfg, hf_path=hf_path, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
     )

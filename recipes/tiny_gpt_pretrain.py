@@ -40,9 +40,6 @@ def configure(
     cfg.validation.eval_iters = 2
     cfg.logger.log_interval = 1
 
-    # Checkpoint: none by default (`checkpoint.save_interval=50` turns saving on).
-    cfg.checkpoint.save_interval = 0
-
     return apply_switches(
         cfg, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
     )

@@ -177,10 +177,42 @@ def test_one_line_per_restart_names_the_rank_its_error_and_the_seconds_to_the_ne
     assert line is not None
     assert line.startswith("restart 1 at ")
     assert line.split(": ", 1)[1].startswith(
-        f"rank(s) 3 EXCEPTION (rank 3 on {host}: RuntimeError('injected fault')); step 101 completed"
+        f"rank(s) 3 EXCEPTION (rank 3 on {host}: RuntimeError('injected fault')); resumed from the local checkpoint"
+        " of step 100 ("
     )
+    assert "; step 101 completed" in line
     assert (tmp_path / "restarts.log").read_text() == line + "\n"
     assert handler.step_completed(102) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(last=st.integers(0, 500), back=st.integers(0, 60), persistent=st.booleans())
+def test_the_restart_line_names_the_checkpoint_training_went_on_from_and_the_steps_trained_again(
+    tmp_path_factory, last, back, persistent
+):
+    """NVRx's records as the real Wrapper logs them, after LAST completed steps; Megatron Bridge then loads the newest
+    checkpoint, of step RESUMED, and the first step after the restart is RESUMED + 1."""
+    run_dir = tmp_path_factory.mktemp("run")
+    resumed = max(last - back, 0)
+    if persistent:
+        (run_dir / "checkpoints" / f"iter_{resumed:07d}").mkdir(parents=True)
+    saved_last, progress.LAST.step = progress.LAST.step, last
+    saved_rank, os.environ["RANK"] = os.environ.get("RANK"), "0"
+    handler = restart_log.install(run_dir)
+    try:
+        nvrx_says(logging.INFO, log_exc(0, HealthCheckPassed(), "restart_ex"))
+        line = handler.step_completed(resumed + 1, str(run_dir / "checkpoints"))
+    finally:
+        logging.getLogger(restart_log.NVRX_LOGGER).removeHandler(handler)
+        progress.LAST.step = saved_last
+        if saved_rank is None:
+            del os.environ["RANK"]
+        else:
+            os.environ["RANK"] = saved_rank
+
+    kind = "persistent" if persistent else "local"
+    source = f"the {kind} checkpoint of step {resumed}" if resumed else "no checkpoint: from the start"
+    assert f"; resumed from {source} ({last - resumed} step(s) trained again); step {resumed + 1} completed " in line
 
 
 @pytest.fixture
@@ -232,8 +264,9 @@ def test_the_restart_line_survives_megatron_bridges_filter_of_nvrx_warnings(tmp_
     host = os.uname().nodename
     assert line is not None
     assert line.split(": ", 1)[1].startswith(
-        f"rank(s) 0 EXCEPTION (rank 0 on {host}: RuntimeError('injected fault at step 17')); step 16 completed"
+        f"rank(s) 0 EXCEPTION (rank 0 on {host}: RuntimeError('injected fault at step 17')); resumed from"
     )
+    assert "; step 16 completed" in line
 
 
 def test_a_restart_whose_cause_left_no_record_says_so_rather_than_naming_a_rank(tmp_path, monkeypatch, bridge_logging):
@@ -247,7 +280,8 @@ def test_a_restart_whose_cause_left_no_record_says_so_rather_than_naming_a_rank(
         logging.getLogger(restart_log.NVRX_LOGGER).removeHandler(handler)
 
     assert line is not None
-    assert line.split(": ", 1)[1].startswith("rank(s) ? unknown interruption; step 9 completed")
+    assert line.split(": ", 1)[1].startswith("rank(s) ? unknown interruption; resumed from ")
+    assert "; step 9 completed" in line
 
 
 # A rank's start, as entrypoint.py makes it, up to torch.distributed: what torch's NCCL dump-on-timeout switch is then.

@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import unicodedata
+from types import SimpleNamespace
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -63,6 +64,7 @@ def test_the_restart_line_names_the_step_completed_after_the_restart_not_the_one
     step that completes: step RESUMED + 1. The records are those the real Wrapper logs on the rank that raised."""
     from megatron.bridge.training import train
     from megatron.bridge.training.callbacks import CallbackManager
+    from megatron.bridge.training.config import CheckpointConfig
     from megatron.bridge.training.state import GlobalState
 
     loop = inspect.getsource(train.train)
@@ -71,6 +73,8 @@ def test_the_restart_line_names_the_step_completed_after_the_restart_not_the_one
     os.environ["RANK"] = "0"
     nvrx = logging.getLogger(restart_log.NVRX_LOGGER)
     callbacks, state, before = CallbackManager(), GlobalState(), list(nvrx.handlers)
+    # What the line reads of the config: where the persistent checkpoints are (none here).
+    state.cfg = SimpleNamespace(train=None, checkpoint=CheckpointConfig(save=str(run_dir / "checkpoints")))
     restart_log.register(callbacks, run_dir)
     try:
         state.train_state.step = resumed

@@ -58,7 +58,7 @@ def test_deepseek_v2_lite_keeps_the_seed_settings(output_root: Path, hf_dir: Cal
     assert (cfg.train.train_iters, cfg.train.global_batch_size, cfg.train.micro_batch_size) == (500, 64, 1)
     assert cfg.validation.eval_interval == 100
     assert cfg.scheduler.lr_warmup_iters == 50
-    assert cfg.checkpoint.save_interval == 0
+    assert cfg.checkpoint.save_interval > 0  # upstream's: the seed's demo value 0 kept nothing (issue 67)
     assert model.moe_permute_fusion is False
     assert model.num_layers == 4  # from the local config.json, not the hub's 27
 

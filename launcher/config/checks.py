@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import torch
 from megatron.bridge.training.config import ConfigContainer, runtime_config_update
 
+from launcher.checkpoints import defaults
 from launcher.config import data
 from launcher.config.run_env import set_cuda_device_max_connections
 from launcher.errors import UsageError, first_line
@@ -34,6 +35,7 @@ def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
     if training is not None:
         check_expert_parallelism(upstream_validated(cfg, training) or cfg, training)
     inprocess.check_restart(cfg, world_size)
+    defaults.check_async(cfg)
     data.check_data(cfg)
 
 

@@ -11,6 +11,7 @@ import os
 import sys
 from typing import BinaryIO
 
+from launcher.checkpoints import plan as saves
 from launcher.errors import q, say
 from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import HEALTH_PROGRAM
@@ -18,7 +19,8 @@ from launcher.host.preflight import HEALTH_PROGRAM
 # The rank environment that --dry-run shows, in this order.
 SHOWN = (
     *("NCCL_DEBUG", "OMP_NUM_THREADS", "NCCL_GIN_TYPE", "DEEP_EP_BACKEND", "MASTER_ADDR", "MASTER_PORT", "RUN_ID"),
-    *("RUN_DIR", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SRUNSH_NSYS", "SRUNSH_COMPILE_CACHE"),
+    *("RUN_DIR", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SRUNSH_NSYS", "SRUNSH_COMPILE_CACHE", "SRUNSH_KEEP_WORK"),
+    *("SRUNSH_LOCAL_CKPT_DIR", "SRUNSH_MTBF_S"),
 )
 # What srun.sh sets for the ranks only where the launch has it (a container, --nsys), never inherited from the launching
 # host; a knob among them keeps its name and meaning (SRUNSH_SQSH, SRUNSH_MOUNT, SRUNSH_NSYS), checked and resolved.
@@ -39,6 +41,9 @@ def export_rank_environment(plan: LaunchPlan) -> None:
         "RUN_DIR": plan.rank_run_dir,
         "SRUNSH_INPROCESS": str(int(plan.inprocess)),
         "SRUNSH_COMPILE_CACHE": plan.compile_cache or "off",  # where launcher/rank/rank.sh keeps kernel caches
+        "SRUNSH_KEEP_WORK": str(int(plan.keep_work)),  # the ranks save by default (launcher/checkpoints)
+        "SRUNSH_LOCAL_CKPT_DIR": plan.local_ckpt_dir or "off",
+        "SRUNSH_MTBF_S": plan.mtbf_s,
     }
     if plan.nsys:
         env["SRUNSH_NSYS"] = plan.nsys_path  # the profiled ranks start again under it (launcher/rank/nsys.py)
@@ -103,6 +108,8 @@ def dry_run(plan: LaunchPlan) -> None:
         lines.append("# Not inside an allocation: job id JOBID and the first node NODE1 are placeholders.")
     if plan.env_knobs:
         lines.append(f"# knobs from the environment: {plan.env_knobs}")
+    if saving := saves.line(plan):
+        lines.append(f"# {saving}")
     lines.append("# Environment srun.sh exports (every rank inherits it):")
     lines += [f"export {name}={q(os.environ[name])}" if name in os.environ else f"unset {name}" for name in SHOWN]
     if plan.health and not plan.health_only:

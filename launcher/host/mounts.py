@@ -92,14 +92,14 @@ def shared_file_system(directory: str, mounts_text: str) -> str:
     return kind if kind in SHARED_TYPES else ""
 
 
-def compile_cache(value: str) -> str:
-    """SRUNSH_COMPILE_CACHE's directory ("" when off), refused where the nodes share it."""
+def node_directory(name: str, value: str, why: str) -> str:
+    """The directory of knob NAME, one on every node's own disk ("" when off), refused where the nodes share it: WHY
+    says what would go wrong there."""
     if value == "off":
         return ""
     if shared := shared_file_system(value, Path("/proc/self/mounts").read_text()):
         raise UsageError(
-            f"SRUNSH_COMPILE_CACHE={q(value)} is on {shared}, a file system the nodes share, where Triton's cache"
-            " writes race across nodes and fail ranks: name a directory on every node's own disk, e.g."
-            " SRUNSH_COMPILE_CACHE=/var/tmp, or off"
+            f"{name}={q(value)} is on {shared}, a file system the nodes share, where {why}: name a directory on every"
+            f" node's own disk, e.g. {name}=/var/tmp, or off"
         )
     return os.path.normpath(value)

@@ -47,6 +47,9 @@ class LaunchPlan:
     master_port: str = ""
     inprocess: bool = False
     compile_cache: str = ""  # SRUNSH_COMPILE_CACHE's directory, one path on the nodes and in the container; "": off
+    local_ckpt_dir: str = ""  # SRUNSH_LOCAL_CKPT_DIR's, the same way
+    mtbf_s: str = ""  # SRUNSH_MTBF_S; "": from the nodes (keep_work)
+    keep_work: bool = False  # a batch job or in-process restart: the ranks save by default (launcher/checkpoints)
 
     @property
     def world_size(self) -> int:
@@ -64,11 +67,13 @@ class LaunchPlan:
 
     @property
     def pyxis_mounts(self) -> str:
-        """pyxis's --container-mounts: SRUNSH_MOUNT's, and the compile cache's directory at its own path."""
-        cache = f"{self.compile_cache}:{self.compile_cache}"
-        if not self.compile_cache or cache in self.container_mounts.split(","):
-            return self.container_mounts
-        return f"{self.container_mounts},{cache}"
+        """pyxis's --container-mounts: SRUNSH_MOUNT's, and the node directories (compile cache, local checkpoints) at
+        their own paths."""
+        mounts = [mount for mount in self.container_mounts.split(",") if mount]
+        for directory in (self.compile_cache, self.local_ckpt_dir if self.keep_work else ""):
+            if directory and f"{directory}:{directory}" not in mounts:
+                mounts.append(f"{directory}:{directory}")
+        return ",".join(mounts)
 
     @property
     def step_name(self) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher.assignments import assignment
 from launcher.errors import UsageError, q
-from launcher.host.mounts import Mount, compile_cache, container_path, mount_of, split_mount
+from launcher.host.mounts import Mount, container_path, mount_of, node_directory, split_mount
 from launcher.host.plan import LaunchPlan
 from launcher.host.slurm import gres_gpus_per_node
 
@@ -52,6 +52,12 @@ KNOB_CHECKS: Checks = {
     "SRUNSH_COMPILE_CACHE": (lambda value: value == "off" or re.fullmatch(r"/[^\s,:]*", value),
         "is not off or an absolute path without spaces, ',' or ':' (pyxis's mount syntax): name a directory on"
         " every node's own disk, e.g. SRUNSH_COMPILE_CACHE=/var/tmp"),
+    "SRUNSH_LOCAL_CKPT_DIR": (lambda value: value == "off" or re.fullmatch(r"/[^\s,:]*", value),
+        "is not off or an absolute path without spaces, ',' or ':' (pyxis's mount syntax): name a directory on"
+        " every node's own disk, e.g. SRUNSH_LOCAL_CKPT_DIR=/opt/dlami/nvme"),
+    "SRUNSH_MTBF_S": (lambda value: not value or POSITIVE.fullmatch(value),
+        "is not a positive number of seconds: the job's expected time between faults, e.g. SRUNSH_MTBF_S=86400,"
+        " or unset to derive it from the node count"),
 }  # fmt: skip
 BATCH_KNOB_CHECKS: Checks = {
     "SRUNSH_SAVE_LEAD_S": (POSITIVE.fullmatch, "is not a number of seconds: e.g. SRUNSH_SAVE_LEAD_S=300"),
@@ -304,7 +310,15 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
         gpus = slurm_allocation(gpus, plan)
     check_knobs(KNOB_CHECKS, {**knob, "SRUNSH_GPUS_PER_NODE": gpus})
     plan.ranks_per_node = int(gpus)
-    plan.compile_cache = compile_cache(knob["SRUNSH_COMPILE_CACHE"])
+    plan.compile_cache = node_directory(
+        "SRUNSH_COMPILE_CACHE", knob["SRUNSH_COMPILE_CACHE"], "Triton's cache writes race across nodes and fail ranks"
+    )
+    plan.local_ckpt_dir = node_directory(
+        "SRUNSH_LOCAL_CKPT_DIR",
+        knob["SRUNSH_LOCAL_CKPT_DIR"],
+        "every node would write a checkpoint every few steps, the load local ones spare it",
+    )
+    plan.mtbf_s = knob["SRUNSH_MTBF_S"]
     stem = os.path.basename(recipe).removesuffix(".py") or os.path.basename(recipe)
     plan.run_root = f"{os.path.realpath(knob['SRUNSH_OUTPUT_ROOT'])}/{stem}"
     if plan.container:

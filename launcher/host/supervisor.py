@@ -22,6 +22,7 @@ if not __package__:  # run as a script (srun.sh): the repository, two folders up
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from launcher import run_files
+from launcher.checkpoints import plan as saves
 from launcher.errors import UsageError, say
 from launcher.hang.watch import watch
 from launcher.health.exclude_nodes import exclude
@@ -267,7 +268,7 @@ class Supervisor:
             container.remove(name, self.plan, self.log)
 
 
-def header(plan: plans.LaunchPlan, resuming: bool, container_line: str, inprocess_line: str) -> None:
+def header(plan: plans.LaunchPlan, resuming: bool, *lines: str) -> None:
     command.say_environment_knobs(plan, "# srun.sh: ", sys.stderr.buffer)
     how = "resuming run" if resuming else "new run"
     say(
@@ -275,7 +276,7 @@ def header(plan: plans.LaunchPlan, resuming: bool, container_line: str, inproces
         f" master {plan.master_addr}:{plan.master_port}; each rank runs:"
     )
     say(command.one_line(command.rank_command(plan)))
-    for line in (container_line, inprocess_line):
+    for line in lines:
         if line:
             say(f"# srun.sh: {line}")
 
@@ -287,7 +288,9 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
     resuming = resolve_job(plan, knobs)
     # Checked before the run's folder is taken; a port srun.sh derives is below 32768: only the knob's can be too high.
     restart = inprocess_plan(plan.overrides, len(plan.hosts), plan.ranks_per_node, int(knobs["MASTER_PORT"] or 0))
-    plan.inprocess = restart.enabled
+    plan.inprocess = plan.keep_work = restart.enabled
+    plan.keep_work |= plan.batch_job
+    plan.mtbf_s = saves.mtbf_s(plan.mtbf_s, len(plan.hosts))
     take_run(plan, knobs)
     command.export_rank_environment(plan)
     shared, container_line = container.plan_start(plan)
@@ -297,7 +300,7 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
     run_files.remove_rank_statuses(plan.run_dir)
     Path(plan.run_dir, run_files.USAGE_ERROR).unlink(missing_ok=True)
     plans.write(plan, Path(plan.run_dir, run_files.LAUNCH_PLAN))
-    header(plan, resuming, container_line, restart.header())
+    header(plan, resuming, container_line, restart.header(), saves.line(plan))
     supervisor = Supervisor(plan, limit, shared)
     try:
         return supervisor.run()

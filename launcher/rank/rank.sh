@@ -87,6 +87,16 @@ export_compile_caches() {
   export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$dir/inductor}
 }
 
+# The node's directory for local checkpoints (SRUNSH_LOCAL_CKPT_DIR, as srun.sh checked it), where a launch that keeps
+# work saves every few steps: it must exist and be writable on every node.
+check_local_checkpoints() {
+  local root=${SRUNSH_LOCAL_CKPT_DIR:-off}
+  [[ ${SRUNSH_KEEP_WORK:-0} == 1 && $root != off ]] || return 0
+  [[ -d $root && -w $root ]] ||
+    rank_fails "rank $RANK on $(uname -n) cannot keep local checkpoints in $(printf %q "$root") (missing or not" \
+      "writable): SRUNSH_LOCAL_CKPT_DIR must be a writable directory on every node's own disk, or off"
+}
+
 # Console lines get the rank as label; the rank's log gets them as they are, each line in one write, so that a line of
 # stdout and one of stderr never splice in the log (an unbuffered python writes a line's text and its newline apart).
 # Both outlive a SIGTERM to the step, so the rank's last words are kept.
@@ -115,6 +125,7 @@ main() {
       "SRUNSH_OUTPUT_ROOT must be writable on every node"
   check_rank_gpu
   export_compile_caches
+  check_local_checkpoints
   export_gloo_interface
 
   local out err status=0

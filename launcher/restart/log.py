@@ -31,6 +31,7 @@ class Pending:
 
     groups: list[tuple[str, list[int]]]  # NVRx's (interruption kind, ranks), the cause first
     at: float  # time.time()
+    last_step: int  # the last step completed before it
 
 
 def rank() -> int | None:
@@ -62,12 +63,13 @@ class RestartLog(logging.Handler):
         groups = [(m["kind"], sorted(map(int, re.findall("[0-9]+", m["ranks"])))) for m in AFFECTED.finditer(why)]
         # A rank that died or stopped answering comes first: the exceptions beside it are its peers' failed collectives.
         groups.sort(key=lambda group: group[0] == "EXCEPTION")
-        self.pending = Pending(groups, time.time())
+        self.pending = Pending(groups, time.time(), progress.LAST.step or 0)
         if rank() == 0:
             progress.Recorder(self.run_dir, 0).record(progress.LAST.step or 0, "restarting")
 
-    def step_completed(self, step: int) -> str | None:
-        """The restart's line, once its next step completed (rank 0 only); None otherwise."""
+    def step_completed(self, step: int, save_dir: str | None = None) -> str | None:
+        """The restart's line, once its next step completed (rank 0 only); None otherwise. SAVE_DIR: the persistent
+        checkpoints'."""
         pending, self.pending = self.pending, None
         if pending is None:
             return None
@@ -80,7 +82,9 @@ class RestartLog(logging.Handler):
         # From the fault: the failed rank's own time of it, where it left one (hosts' clocks agree to NTP's accuracy).
         pending.at = min([pending.at, *(at for at, _ in errors.values())])
         causes = {affected: text for affected, (_, text) in errors.items()}
-        line = describe(self.count, pending, causes, step, time.time() - pending.at)
+        line = describe(
+            self.count, pending, causes, step, time.time() - pending.at, resumed=resumed_from(step - 1, save_dir)
+        )
         with (self.run_dir / LOG_FILE).open("a") as log:
             log.write(line + "\n")
         return line
@@ -101,13 +105,25 @@ class RestartLog(logging.Handler):
         return found
 
 
-def describe(count: int, pending: Pending, errors: dict[int, str], step: int, seconds: float) -> str:
+def resumed_from(step: int, save_dir: str | None) -> str:
+    """Which checkpoint training went on from, at STEP: Megatron Bridge loads the newest, local or persistent."""
+    if step == 0:
+        return "no checkpoint: from the start"
+    persistent = save_dir is not None and (Path(save_dir) / f"iter_{step:07d}").is_dir()
+    return f"the {'persistent' if persistent else 'local'} checkpoint of step {step}"
+
+
+def describe(count: int, pending: Pending, errors: dict[int, str], step: int, seconds: float, *, resumed: str) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(pending.at))
     parts = []
     for kind, ranks in pending.groups or [("unknown interruption", [])]:
         causes = "; ".join(f"rank {r} on {errors[r][:ERROR_CHARS]}" for r in ranks if r in errors)
         parts.append(f"rank(s) {', '.join(map(str, ranks)) or '?'} {kind}{f' ({causes})' if causes else ''}")
-    return f"restart {count} at {when}: {'; then '.join(parts)}; step {step} completed {seconds:.1f} s later"
+    again = max(pending.last_step - (step - 1), 0)
+    return (
+        f"restart {count} at {when}: {'; then '.join(parts)}; resumed from {resumed} ({again} step(s) trained again);"
+        f" step {step} completed {seconds:.1f} s later"
+    )
 
 
 def say(line: str, stream: TextIO | None = None) -> None:
@@ -130,7 +146,8 @@ def register(callbacks: progress.Registry, run_dir: Path) -> None:
     handler = install(run_dir)
 
     def step_end(context: Any) -> None:
-        if (line := handler.step_completed(context.state.train_state.step + 1)) is not None:
+        step, save_dir = context.state.train_state.step + 1, context.state.cfg.checkpoint.save
+        if (line := handler.step_completed(step, save_dir)) is not None:
             say(line)
 
     callbacks.register("on_train_step_end", step_end)

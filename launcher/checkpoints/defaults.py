@@ -1,0 +1,94 @@
+"""What a launch saves when the user's work is at stake (a batch job, or in-process restart: srun.sh sets
+SRUNSH_KEEP_WORK=1): Megatron Bridge's asynchronous persistent checkpoints, and nvidia-resiliency-ext's local ones on
+each node's own disk (SRUNSH_LOCAL_CKPT_DIR), which a restart reloads in seconds. Every key the command line set wins,
+0 and null included; a positive interval the recipe set is kept; an interval left unset is chosen while training runs
+(launcher/checkpoints/intervals.py). Nothing here writes a checkpoint: Megatron Bridge does.
+"""
+
+import os
+from pathlib import Path
+
+from megatron.bridge.training.config import ConfigContainer
+
+from launcher.errors import UsageError, from_srun_sh
+
+ASYNC_FORMATS = ("torch_dist", "fsdp_dtensor")  # the formats Megatron Bridge 0.6.2 saves asynchronously
+LOCAL = "torch_dist"  # the format whose sharded state nvidia-resiliency-ext's local checkpoints hold
+KEY = "checkpoint."
+
+
+def keeps_work() -> bool:
+    return from_srun_sh("SRUNSH_KEEP_WORK") == "1"
+
+
+def local_directory() -> str | None:
+    """This run's local checkpoints on the node (srun.sh checked the node's directory); None when off."""
+    root = from_srun_sh("SRUNSH_LOCAL_CKPT_DIR")
+    if root in (None, "", "off"):
+        return None
+    return str(Path(root) / f"srunsh-local-ckpt-uid{os.getuid()}" / os.environ.get("RUN_ID", "run"))
+
+
+def local_given(given: set[str]) -> bool:
+    return bool({f"{KEY}non_persistent_ckpt_type", f"{KEY}non_persistent_save_interval"} & given)
+
+
+def apply(cfg: ConfigContainer, given: set[str]) -> None:
+    """The defaults that keep work, where GIVEN (the keys the command line set) and the recipe leave them."""
+    ckpt = cfg.checkpoint
+    if f"{KEY}async_save" not in given and ckpt.ckpt_format in ASYNC_FORMATS:
+        ckpt.async_save = True
+    local = local_directory()
+    # Local checkpoints hold Megatron Core's sharded state; Megatron FSDP's fsdp_dtensor is not built for them.
+    if local is not None and not local_given(given) and ckpt.non_persistent_ckpt_type is None:
+        if ckpt.ckpt_format == LOCAL:
+            ckpt.non_persistent_ckpt_type = "local"
+            if f"{KEY}non_persistent_local_ckpt_dir" not in given:
+                ckpt.non_persistent_local_ckpt_dir = local
+
+
+def to_choose(cfg: ConfigContainer, given: set[str]) -> set[str]:
+    """The intervals neither the command line nor the recipe set, which training chooses (intervals.py)."""
+    ckpt, chosen = cfg.checkpoint, set()
+    if f"{KEY}save_interval" not in given and not ckpt.save_interval:
+        chosen.add("save_interval")
+    if ckpt.non_persistent_ckpt_type == "local" and not ckpt.non_persistent_save_interval and not local_given(given):
+        chosen.add("non_persistent_save_interval")
+    return chosen
+
+
+def check_async(cfg: ConfigContainer) -> None:
+    """Megatron Bridge refuses it only as it finalizes the config, on every rank, after start-up."""
+    ckpt_format = cfg.checkpoint.ckpt_format
+    if cfg.checkpoint.async_save and ckpt_format not in ASYNC_FORMATS:
+        raise UsageError(
+            f"checkpoint.async_save=true cannot save checkpoint.ckpt_format={ckpt_format}: Megatron Bridge writes"
+            f" asynchronously only {' and '.join(ASYNC_FORMATS)}; set checkpoint.ckpt_format=torch_dist or drop"
+            " checkpoint.async_save"
+        )
+
+
+def how_often(interval: int | None, chosen: bool) -> str:
+    return "as often as its measured cost is worth" if chosen else f"every {interval} step(s)"
+
+
+def describe(cfg: ConfigContainer, to_choose: set[str]) -> str:
+    """One line: what this run saves, where and how often; or that a failure loses every step."""
+    ckpt, parts = cfg.checkpoint, []
+    if ckpt.save and (ckpt.save_interval or "save_interval" in to_choose):
+        how = "asynchronously" if ckpt.async_save else "synchronously (every rank waits for the write)"
+        often = how_often(ckpt.save_interval, "save_interval" in to_choose)
+        parts.append(f"persistent checkpoints {how} to {ckpt.save} {often}")
+    local = "non_persistent_save_interval" in to_choose or ckpt.non_persistent_save_interval
+    if ckpt.save and ckpt.non_persistent_ckpt_type == "local" and local:
+        often = how_often(ckpt.non_persistent_save_interval, "non_persistent_save_interval" in to_choose)
+        parts.append(f"local checkpoints on each node's {ckpt.non_persistent_local_ckpt_dir} {often}")
+    if not parts:
+        return (
+            "saves no checkpoint (checkpoint.save_interval is 0): a failure loses every step; set"
+            " checkpoint.save_interval=N, or launch with inprocess_restart.enabled=true or --sbatch, which save"
+            " by default"
+        )
+    if keeps_work() and local_directory() and ckpt.non_persistent_ckpt_type is None and ckpt.ckpt_format != LOCAL:
+        parts.append(f"no local ones (they need ckpt_format {LOCAL}, not {ckpt.ckpt_format})")
+    return "saves " + "; ".join(parts)

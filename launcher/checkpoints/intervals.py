@@ -1,0 +1,112 @@
+"""The checkpoint intervals a launch that keeps work chooses while it trains (launcher/checkpoints/defaults.py leaves
+them to it), by Young's and Daly's optimum: saving every tau = sqrt(2 * delta * M) - delta seconds loses the least
+time to saves and faults together, where delta is the time a save holds training (measured at every save of its kind,
+after a first one at step PROBE_STEP) and M the job's expected time between faults (SRUNSH_MTBF_S, which srun.sh sets).
+In steps: tau over the median step. A local checkpoint is what in-process restart reloads; the persistent one is for
+what it cannot cover (a lost node, a requeue), so it comes at least PERSISTENT_OVER_LOCAL local intervals apart.
+
+Megatron Bridge reads both intervals from the config at every step (checkpoint_and_decide_exit), so setting them is all
+it takes; a persistent save and a local one due at the same step make one persistent save.
+"""
+
+import math
+import os
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+from launcher.checkpoints.plan import ONE_NODE_MTBF_S
+from launcher.errors import from_srun_sh
+from launcher.hang import progress
+
+PROBE_STEP = 3  # the first steps compile and warm up: the first local save, measured, follows this one
+STEPS_KEPT = 32  # the median step is over the last this many steps that followed no save
+PERSISTENT_OVER_LOCAL = 10
+LOCAL, PERSISTENT = "non_persistent_save_interval", "save_interval"
+
+
+def optimum_s(save_s: float, mtbf_s: float) -> float:
+    """Daly's first-order optimum interval in seconds, for a save that holds training SAVE_S and a fault every MTBF_S;
+    never below the save itself."""
+    return max(math.sqrt(2 * save_s * mtbf_s) - save_s, save_s)
+
+
+class Intervals:
+    """Chooses the intervals in TO_CHOOSE from each save's measured cost; the same object across in-process
+    restarts (Megatron Bridge's callback manager outlives them), so what it learned survives a restart."""
+
+    def __init__(self, to_choose: set[str], mtbf_s: float) -> None:
+        self.to_choose, self.mtbf_s = to_choose, mtbf_s
+        self.steps: deque[float] = deque(maxlen=STEPS_KEPT)
+        self.chosen: dict[str, int] = {}
+        self.step_end: float | None = None  # time.monotonic() of the last step's end
+        self.saving: str | None = None  # the kind of save that follows the last step
+
+    def on_step_end(self, context: Any) -> None:
+        step, now = context.state.train_state.step + 1, time.monotonic()
+        if self.step_end is not None and self.saving is None:
+            self.steps.append(now - self.step_end)
+        self.step_end, ckpt = now, context.state.cfg.checkpoint
+        for kind in self.to_choose:
+            setattr(ckpt, kind, self.chosen.get(kind) or self.probe(kind, step))
+        self.saving = self.due(ckpt, step)
+
+    def probe(self, kind: str, step: int) -> int | None:
+        """An interval that saves after this step, the first at PROBE_STEP (the persistent one a step later)."""
+        first = PROBE_STEP + (kind == PERSISTENT and LOCAL in self.to_choose)
+        return step if step == first else None
+
+    @staticmethod
+    def due(ckpt: Any, step: int) -> str | None:
+        """The save Megatron Bridge makes after STEP, if any: a persistent one before a local one."""
+        for kind in (PERSISTENT, LOCAL):
+            interval = getattr(ckpt, kind)
+            if ckpt.save and interval and step % interval == 0:
+                return kind
+        return None
+
+    def on_save(self, _context: Any) -> None:
+        kind, self.saving = self.saving, None
+        if kind is None or self.step_end is None:
+            return
+        save_s, now = time.monotonic() - self.step_end, time.monotonic()
+        self.step_end = now  # the next step is timed from here
+        if kind not in self.to_choose or not self.steps:
+            return
+        steps = self.steps_for(optimum_s(save_s, self.mtbf_s), kind)
+        if steps != self.chosen.get(kind) and os.environ.get("RANK", "0") == "0":
+            print(
+                f"entrypoint.py: a {describe(kind)} checkpoint held training {save_s:.2f} s: one every {steps} step(s)"
+                f" ({statistics.median(self.steps):.2f} s a step, a fault expected every {self.mtbf_s:.0f} s)",
+                flush=True,
+            )
+        self.chosen[kind] = steps
+
+    def on_train_start(self, _context: Any) -> None:
+        """Training starts, or starts again after an in-process restart: its first step is not timed."""
+        self.step_end, self.saving = None, None
+
+    def steps_for(self, seconds: float, kind: str) -> int:
+        steps = max(1, round(seconds / statistics.median(self.steps)))
+        if kind == PERSISTENT and self.chosen.get(LOCAL):
+            steps = max(steps, PERSISTENT_OVER_LOCAL * self.chosen[LOCAL])
+        return steps
+
+
+def describe(kind: str) -> str:
+    return "local" if kind == LOCAL else "persistent"
+
+
+def mtbf_s() -> float:
+    """SRUNSH_MTBF_S as srun.sh resolved it (from the job's nodes when the user set none)."""
+    return float(from_srun_sh("SRUNSH_MTBF_S") or ONE_NODE_MTBF_S)
+
+
+def register(callbacks: progress.Registry, to_choose: set[str]) -> None:
+    if not to_choose:
+        return
+    intervals = Intervals(to_choose, mtbf_s())
+    callbacks.register("on_train_step_end", intervals.on_step_end)
+    callbacks.register("on_checkpoint_save", intervals.on_save)
+    callbacks.register("on_train_start", intervals.on_train_start)

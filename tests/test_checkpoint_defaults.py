@@ -1,0 +1,224 @@
+"""What a launch saves (issue 67): a batch job and a launch with in-process restart save without being asked
+(asynchronous persistent checkpoints, local ones on each node's SRUNSH_LOCAL_CKPT_DIR), the command line wins, a
+recipe's positive interval is kept, the header and --dry-run say it, bad input is refused before anything starts, and
+the intervals left open are chosen from each save's measured cost (Young/Daly)."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from megatron.bridge.training.config import CheckpointConfig
+
+import entrypoint
+from launcher.checkpoints import defaults, intervals
+from launcher.checkpoints.plan import ONE_NODE_MTBF_S
+from launcher.errors import UsageError
+from tests.conftest import REPO
+from tests.srun_world import SrunWorld
+
+pytest_plugins = ["tests.srun_world"]
+
+TINY = str(REPO / "recipes" / "tiny_gpt_pretrain.py")
+
+
+@pytest.fixture
+def keeping_work(monkeypatch, tmp_path):
+    """A rank's environment as srun.sh sets it for an in-process-restart launch, beside common unrelated variables."""
+    env = {
+        "RUN_DIR": str(tmp_path / "run"),
+        "RUN_ID": "4242-20261207-101500",
+        "SRUNSH_KEEP_WORK": "1",
+        "SRUNSH_LOCAL_CKPT_DIR": str(tmp_path / "nvme"),
+        "SRUNSH_MTBF_S": "86400",
+        "TMPDIR": str(tmp_path),
+        "OMP_NUM_THREADS": "4",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return tmp_path
+
+
+def resolve(*argv: str):
+    return entrypoint.resolve(entrypoint.parse_args([TINY, *argv]))
+
+
+def test_a_launch_that_keeps_work_saves_asynchronously_and_locally_and_keeps_the_recipes_interval(keeping_work):
+    cfg, applied = resolve()
+    ckpt = cfg.checkpoint
+    assert ckpt.async_save is True
+    assert ckpt.save_interval == 500  # the upstream recipe's
+    assert ckpt.non_persistent_ckpt_type == "local"
+    mine = f"srunsh-local-ckpt-uid{os.getuid()}"
+    assert ckpt.non_persistent_local_ckpt_dir == str(keeping_work / "nvme" / mine / "4242-20261207-101500")
+    assert defaults.to_choose(cfg, set(applied)) == {"non_persistent_save_interval"}
+    assert "local checkpoints on each node's" in defaults.describe(cfg, {"non_persistent_save_interval"})
+
+
+CHOICES = {
+    "checkpoint.save_interval": st.sampled_from(["0", "7", "1000"]),
+    "checkpoint.async_save": st.sampled_from(["true", "false"]),
+    "checkpoint.non_persistent_ckpt_type": st.sampled_from(["null", "local", "global"]),
+    "checkpoint.non_persistent_save_interval": st.sampled_from(["0", "5"]),
+}
+READ = {"true": True, "false": False, "null": None}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.fixed_dictionaries({}, optional=CHOICES))
+def test_whatever_the_command_line_sets_wins_0_and_null_included(keeping_work, command_line):
+    cfg, applied = resolve(*(f"{key}={value}" for key, value in command_line.items()))
+    for key, value in command_line.items():
+        assert getattr(cfg.checkpoint, key.split(".")[1]) == READ.get(value, int(value) if value.isdigit() else value)
+    assert not {f"checkpoint.{kind}" for kind in defaults.to_choose(cfg, set(applied))} & set(command_line)
+
+
+def test_a_bare_entrypoint_ignores_the_knobs_a_host_exports_for_srun_sh(keeping_work, monkeypatch):
+    monkeypatch.delenv("RUN_DIR")
+    cfg, _ = resolve()
+    assert (cfg.checkpoint.async_save, cfg.checkpoint.non_persistent_ckpt_type) == (False, None)
+    assert defaults.describe(cfg, set()).startswith("saves persistent checkpoints synchronously")
+
+
+def test_megatron_fsdp_saves_asynchronously_but_keeps_no_local_checkpoints(keeping_work):
+    cfg, _ = resolve("use_megatron_fsdp=true")
+    assert (cfg.checkpoint.ckpt_format, cfg.checkpoint.async_save) == ("fsdp_dtensor", True)
+    assert cfg.checkpoint.non_persistent_ckpt_type is None
+
+
+def test_an_asynchronous_save_of_a_format_that_cannot_is_refused_in_one_line(keeping_work):
+    with pytest.raises(UsageError, match=r"async_save=true cannot save checkpoint\.ckpt_format=torch: .* set "):
+        resolve("checkpoint.ckpt_format=torch", "checkpoint.async_save=true")
+
+
+def test_nothing_saved_says_a_failure_loses_every_step(keeping_work):
+    cfg, _ = resolve("checkpoint.save_interval=0", "checkpoint.non_persistent_ckpt_type=null")
+    assert "a failure loses every step" in defaults.describe(cfg, set())
+
+
+# ---- The intervals chosen while training --------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(st.floats(0.05, 5.0), min_size=12, max_size=40),
+    local_s=st.floats(0.01, 30.0),
+    persistent_s=st.floats(0.01, 60.0),
+    mtbf=st.floats(60.0, 1e7),
+)
+def test_each_interval_is_daly_optimum_over_the_median_step_from_each_saves_measured_cost(
+    monkeypatch, steps, local_s, persistent_s, mtbf
+):
+    clock = Clock()
+    monkeypatch.setattr(intervals.time, "monotonic", clock.monotonic)
+    chooser = intervals.Intervals({"save_interval", "non_persistent_save_interval"}, mtbf)
+    ckpt = CheckpointConfig(save="/ckpt", save_interval=None)
+    context = SimpleNamespace(state=SimpleNamespace(cfg=SimpleNamespace(checkpoint=ckpt), train_state=None))
+    chooser.on_train_start(context)
+    saves: list[tuple[int, str]] = []
+    for index, seconds in enumerate(steps):
+        clock.now += seconds
+        context.state.train_state = SimpleNamespace(step=index)
+        chooser.on_step_end(context)
+        if (kind := chooser.saving) is not None:
+            saves.append((index + 1, kind))
+            clock.now += local_s if kind == intervals.LOCAL else persistent_s
+            chooser.on_save(context)
+            if kind == intervals.PERSISTENT:  # a persistent save covers what local ones cannot: it is the rarer
+                local = chooser.chosen[intervals.LOCAL]
+                assert chooser.chosen[kind] >= intervals.PERSISTENT_OVER_LOCAL * local
+
+    assert saves[:2] == [(3, intervals.LOCAL), (4, intervals.PERSISTENT)]
+    local_steps = max(1, round(intervals.optimum_s(local_s, mtbf) / statistics.median(steps[1:3])))
+    assert chooser.chosen[intervals.LOCAL] >= 1
+    if len(saves) == 2:  # no save after the probes: the first choice stands
+        assert chooser.chosen[intervals.LOCAL] == local_steps
+    assert intervals.optimum_s(local_s, mtbf) >= local_s
+    assert math.isclose(intervals.optimum_s(2.0, 1e6), math.sqrt(4e6) - 2.0)
+
+
+# ---- The launching host: knobs, header, dry run ----------------------------------------------------------------
+
+
+def dry_run(world: SrunWorld, *args: str, env: dict[str, str] | None = None):
+    return world.srun_sh("--dry-run", "--local", "recipe.py", *args, env={"SRUNSH_GPUS_PER_NODE": "1", **(env or {})})
+
+
+def exported(stdout: str) -> dict[str, str]:
+    pairs = (line.removeprefix("export ").split("=", 1) for line in stdout.splitlines() if line.startswith("export "))
+    return dict(pairs)
+
+
+def test_dry_run_of_an_inprocess_restart_launch_says_what_it_saves_and_hands_the_ranks_the_knobs(
+    srun_world: SrunWorld,
+):
+    nvme = srun_world.dir / "nvme"
+    result = dry_run(srun_world, "inprocess_restart.enabled=true", env={"SRUNSH_LOCAL_CKPT_DIR": str(nvme)})
+    assert result.returncode == 0, result.stderr
+    env = exported(result.stdout)
+    assert (env["SRUNSH_KEEP_WORK"], env["SRUNSH_LOCAL_CKPT_DIR"]) == ("1", str(nvme))
+    assert env["SRUNSH_MTBF_S"] == f"{ONE_NODE_MTBF_S:.0f}"
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("# saves by default")]
+    assert f"local ones on each node's {nvme}" in line and "any checkpoint.* override win" in line
+    assert srun_world.calls() == []
+
+
+def test_an_interactive_launch_keeps_the_recipes_choice_and_says_when_a_failure_loses_every_step(
+    srun_world: SrunWorld,
+):
+    plain = dry_run(srun_world)
+    assert exported(plain.stdout)["SRUNSH_KEEP_WORK"] == "0"
+    assert not [line for line in plain.stdout.splitlines() if "saves" in line]
+    nothing = dry_run(srun_world, "checkpoint.save_interval=0")
+    assert "# saves no checkpoint (checkpoint.save_interval=0 on the command line): a failure loses every step" in (
+        nothing.stdout.splitlines()
+    )
+    local = dry_run(
+        srun_world, "checkpoint.non_persistent_ckpt_type=local", "checkpoint.non_persistent_save_interval=5"
+    )
+    assert any(
+        "read back only by in-process restart or a requeued batch job" in line for line in local.stdout.split("\n")
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("SRUNSH_LOCAL_CKPT_DIR", "nvme", "is not off or an absolute path"),
+        ("SRUNSH_LOCAL_CKPT_DIR", "/a b", "is not off or an absolute path"),
+        ("SRUNSH_MTBF_S", "0", "is not a positive number of seconds"),
+        ("SRUNSH_MTBF_S", "1d", "is not a positive number of seconds"),
+    ],
+)
+def test_a_bad_knob_is_refused_in_one_line_before_anything_starts(srun_world: SrunWorld, name, value, says):
+    result = srun_world.srun_sh("--local", "recipe.py", "inprocess_restart.enabled=true", env={name: value})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"srun.sh: {name}=") and says in line
+    assert srun_world.calls() == [] and srun_world.run_dirs() == []
+
+
+def test_a_node_without_the_local_checkpoint_directory_fails_its_ranks_in_one_line(srun_world: SrunWorld):
+    missing = srun_world.dir / "no-nvme"
+    env = {"SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_LOCAL_CKPT_DIR": str(missing)}
+    result = srun_world.srun_sh("--local", "recipe.py", "inprocess_restart.enabled=true", env=env)
+    assert result.returncode == 2, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "cannot keep local checkpoints" in line]
+    assert str(missing) in line and "SRUNSH_LOCAL_CKPT_DIR must be a writable directory on every node" in line
+    assert srun_world.calls() == []
+    assert not Path(missing).exists()
