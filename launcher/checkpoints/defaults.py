@@ -1,9 +1,6 @@
-"""What a launch saves when the user's work is at stake (a batch job, or in-process restart: srun.sh sets
-SRUNSH_KEEP_WORK=1): Megatron Bridge's asynchronous persistent checkpoints, and nvidia-resiliency-ext's local ones on
-each node's own disk (SRUNSH_LOCAL_CKPT_DIR), which a restart reloads in seconds. Every key the command line set wins,
-0 and null included; a positive interval the recipe set is kept; an interval left unset is chosen while training runs
-(launcher/checkpoints/intervals.py). Nothing here writes a checkpoint: Megatron Bridge does.
-"""
+"""What a batch job or an in-process-restart launch saves without being asked (srun.sh sets SRUNSH_KEEP_WORK=1):
+Megatron Bridge's asynchronous persistent checkpoints and nvidia-resiliency-ext's local ones on each node's own disk
+(docs/failures.md). Nothing here writes a checkpoint: Megatron Bridge does."""
 
 import os
 from pathlib import Path

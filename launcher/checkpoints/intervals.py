@@ -1,12 +1,7 @@
-"""The checkpoint intervals a launch that keeps work chooses while it trains (launcher/checkpoints/defaults.py leaves
-them to it), by Young's and Daly's optimum: saving every tau = sqrt(2 * delta * M) - delta seconds loses the least
-time to saves and faults together, where delta is the time a save holds training (measured at every save of its kind,
-after a first one at step PROBE_STEP) and M the job's expected time between faults (SRUNSH_MTBF_S, which srun.sh sets).
-In steps: tau over the median step. A local checkpoint is what in-process restart reloads; the persistent one is for
-what it cannot cover (a lost node, a requeue), so it comes at least PERSISTENT_OVER_LOCAL local intervals apart.
-
-Megatron Bridge reads both intervals from the config at every step (checkpoint_and_decide_exit), so setting them is all
-it takes; a persistent save and a local one due at the same step make one persistent save.
+"""The checkpoint intervals that the command line and the recipe left open, chosen while training by Young's and
+Daly's optimum, tau = sqrt(2 * delta * M) - delta, from each save's measured delta and SRUNSH_MTBF_S's M
+(docs/failures.md). Megatron Bridge reads both intervals from the config at every step, so setting them is all it
+takes; a persistent save and a local one due at the same step make one persistent save.
 """
 
 import math
@@ -22,7 +17,7 @@ from launcher.hang import progress
 
 PROBE_STEP = 3  # the first steps compile and warm up: the first local save, measured, follows this one
 STEPS_KEPT = 32  # the median step is over the last this many steps that followed no save
-PERSISTENT_OVER_LOCAL = 10
+PERSISTENT_OVER_LOCAL = 10  # the persistent save covers what local ones cannot (a lost node): the rarer one
 LOCAL, PERSISTENT = "non_persistent_save_interval", "save_interval"
 
 
@@ -76,8 +71,9 @@ class Intervals:
             return
         steps = self.steps_for(optimum_s(save_s, self.mtbf_s), kind)
         if steps != self.chosen.get(kind) and os.environ.get("RANK", "0") == "0":
+            what = "local" if kind == LOCAL else "persistent"
             print(
-                f"entrypoint.py: a {describe(kind)} checkpoint held training {save_s:.2f} s: one every {steps} step(s)"
+                f"entrypoint.py: a {what} checkpoint held training {save_s:.2f} s: one every {steps} step(s)"
                 f" ({statistics.median(self.steps):.2f} s a step, a fault expected every {self.mtbf_s:.0f} s)",
                 flush=True,
             )
@@ -94,19 +90,10 @@ class Intervals:
         return steps
 
 
-def describe(kind: str) -> str:
-    return "local" if kind == LOCAL else "persistent"
-
-
-def mtbf_s() -> float:
-    """SRUNSH_MTBF_S as srun.sh resolved it (from the job's nodes when the user set none)."""
-    return float(from_srun_sh("SRUNSH_MTBF_S") or ONE_NODE_MTBF_S)
-
-
 def register(callbacks: progress.Registry, to_choose: set[str]) -> None:
     if not to_choose:
         return
-    intervals = Intervals(to_choose, mtbf_s())
+    intervals = Intervals(to_choose, float(from_srun_sh("SRUNSH_MTBF_S") or ONE_NODE_MTBF_S))
     callbacks.register("on_train_step_end", intervals.on_step_end)
     callbacks.register("on_checkpoint_save", intervals.on_save)
     callbacks.register("on_train_start", intervals.on_train_start)
