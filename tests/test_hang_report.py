@@ -196,6 +196,8 @@ def test_megatron_bridges_callbacks_drive_rank_0s_step_record(tmp_path: Path):
     callbacks.fire("on_train_end", context(5))
     assert json.loads(record.read_text())["phase"] == "ended"
     assert progress.LAST.step == 5
+    timeline = [line.split()[1:] for line in (tmp_path / "hang" / progress.TIMELINE_FILE).read_text().splitlines()]
+    assert timeline == [["4", "training"], ["5", "saving"], ["5", "saved"], ["5", "ended"]]  # for the goodput line
 
 
 def test_other_ranks_keep_their_step_in_memory_only(tmp_path: Path):

@@ -7,6 +7,7 @@ training function (see its docstring for what a CPU cannot run).
 """
 
 import datetime
+import json
 import logging
 import os
 import subprocess
@@ -361,6 +362,11 @@ def test_local_rank_that_raises_restarts_in_place_and_the_launch_says_so_once(sr
     for rank in (0, 1):  # one process each, which lived through the restart and ended well
         assert (run_dir / "logs" / f"rank-{rank}.status").read_text().split()[0] == "0"
         assert "iteration 1: rank" in (run_dir / "logs" / f"rank-{rank}.log").read_text()
+    # The goodput line: the fault, and the steps before it that the restart (from step 1) trained again.
+    (attempt,) = json.loads((run_dir / "goodput.json").read_text())["attempts"]
+    assert attempt["ended"] == "completed" and attempt["steps"] == [1, 5] and len(attempt["faults"]) == 1
+    assert attempt["faults"][0]["retrained_steps"] in (1, 2)  # rank 0 records step 2 unless the raise came first
+    assert " 1 fault(s) " in result.stdout.splitlines()[-1]
 
 
 def test_local_rank_that_fails_every_iteration_ends_the_launch_as_today_when_nvrx_gives_up(srun_world: SrunWorld):

@@ -4,6 +4,7 @@
 The ranks are tests/fixtures/fake_python with FAKE_CHECKPOINT=1: a stand-in for Megatron Bridge's checkpoints and its
 exit signal handler (a marker in RUN_DIR/checkpoints, saved and exit 0 on SIGTERM)."""
 
+import json
 import re
 import time
 
@@ -89,6 +90,12 @@ def test_time_limit_ends_in_a_save_and_a_requeue_that_resumes(slurm_world: SrunW
     assert "saved before the time limit (exit status 0): requeueing job" in log
     history = (slurm_world.dir / "outputs" / "recipe" / job / "logs" / "requeues.log").read_text()
     assert len(history.splitlines()) == 1 and "restart 0: saved before the time limit" in history
+    # Each attempt's goodput line; the last covers both (the stand-in ranks record no step: all start-up).
+    run = json.loads((slurm_world.dir / "outputs" / "recipe" / job / "goodput.json").read_text())
+    assert [attempt["ended"] for attempt in run["attempts"]] == ["requeued", "completed"]
+    said = [re.search(r"goodput: no training step completed in (\d+) s", line) for line in log.splitlines()]
+    walls = [int(match[1]) for match in said if match]
+    assert len(walls) == 2 and abs(walls[1] - run["total"]["wall_s"]) <= 1 and walls[1] > walls[0]
 
 
 def test_scontrol_requeue_mid_run_resumes_the_same_run(slurm_world: SrunWorld):

@@ -8,7 +8,8 @@ step, at its next collective.
 may take minutes without a step; the watch waits for the next record instead), "ended" once training is over,
 "restarting" while an in-process restart starts training again (launcher/restart/log.py). Every rank keeps the same in
 memory (LAST) for its hang-report answer: with it the report tells a stop of a progressing job from a stall, on the
-rank's own clock. Standard library only: the launching host reads these records too.
+rank's own clock. Rank 0 appends each to hang/timeline.log too ("TIME STEP PHASE", a save's end "saved"), for the
+goodput line (launcher/host/goodput.py). Standard library only: the launching host reads these records too.
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 PROGRESS_FILE = "progress.json"
+TIMELINE_FILE = "timeline.log"
 
 
 @dataclasses.dataclass
@@ -66,7 +68,7 @@ class Recorder:
     def __init__(self, run_dir: Path, rank: int) -> None:
         self.path = run_dir / "hang" / PROGRESS_FILE if rank == 0 else None
 
-    def record(self, step: int, phase: str = "training") -> None:
+    def record(self, step: int, phase: str = "training", timeline: str = "") -> None:  # TIMELINE: the timeline's phase
         now = time.monotonic()
         if LAST.phase == "training" and phase != "restarting" and LAST.monotonic is not None:
             LAST.longest_step_s = max(LAST.longest_step_s or 0.0, now - LAST.monotonic)
@@ -75,6 +77,8 @@ class Recorder:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             record = {"step": step, "phase": phase, "time": LAST.time, "longest_step_s": LAST.longest_step_s}
             write_json(self.path, record)
+            with self.path.with_name(TIMELINE_FILE).open("a") as line:  # one short write: a line whole, or none
+                line.write(f"{LAST.time:.3f} {step} {timeline or phase}\n")
 
 
 def saving_after(checkpoint: Any, step: int) -> bool:
@@ -93,10 +97,10 @@ def register(callbacks: Registry, run_dir: Path, rank: int) -> None:
         step = context.state.train_state.step + 1
         recorder.record(step, "saving" if saving_after(context.state.cfg.checkpoint, step) else "training")
 
-    def record_step(phase: str) -> Callable[[Any], None]:
-        return lambda context: recorder.record(context.state.train_state.step, phase)
+    def record_step(phase: str, timeline: str = "") -> Callable[[Any], None]:
+        return lambda context: recorder.record(context.state.train_state.step, phase, timeline)
 
     callbacks.register("on_train_step_end", step_end)
     callbacks.register("on_eval_step_end", record_step("training"))
-    callbacks.register("on_checkpoint_save", record_step("training"))
+    callbacks.register("on_checkpoint_save", record_step("training", "saved"))
     callbacks.register("on_train_end", record_step("ended"))

@@ -26,7 +26,7 @@ from launcher.checkpoints import plan as saves
 from launcher.errors import UsageError, say
 from launcher.hang.watch import watch
 from launcher.health.exclude_nodes import exclude
-from launcher.host import batch, command, container
+from launcher.host import batch, command, container, goodput
 from launcher.host import plan as plans
 from launcher.host.batch import BatchJob
 from launcher.host.first_failure import log_end
@@ -40,6 +40,7 @@ from launcher.restart.plan import plan as inprocess_plan
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.1
+STARTED = time.time()  # the launch's start, from which its goodput counts
 
 
 def kill_wait_s() -> int:
@@ -107,7 +108,7 @@ class Supervisor:
         self.log = self.run_dir / run_files.LAUNCHER_LOG
         self.step: Step | None = None
         self.stopped_by: signal.Signals | None = None
-        self.hung = self.hang_report_due = self.training_started = False
+        self.hung = self.hang_report_due = self.training_started = self.goodput_due = False
         if limit is not None:
             limit.on_reach = self.on_time_limit
         for number in STOP_SIGNALS:
@@ -195,7 +196,7 @@ class Supervisor:
             fixed = float(self.plan.hang_timeout_s) if self.plan.hang_timeout_s else None
             watching = (self.run_dir, fixed, stalls.append, stop_watch)
             threading.Thread(target=watch, args=watching, daemon=True).start()
-        self.hang_report_due = True
+        self.hang_report_due = self.goodput_due = True
         self.step = Step(command.launch_command(self.plan), self.log, self.plan.local)
         status = self.step.run(lambda: self.on_stall(stalls[0]) if stalls else None)
         self.hang_report_due = False
@@ -260,7 +261,15 @@ class Supervisor:
             file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job {job} restart {restart}: {reason}\n")
         say(f"srun.sh: {reason}: requeueing job {job}, which resumes run {self.plan.run_id} from its latest checkpoint")
         self.remove_shared_container()  # while the job's allocation is still there
+        self.account(status, "requeued")  # before SLURM ends this job
         return 0 if subprocess.run(["scontrol", "requeue", job], check=False).returncode == 0 else status
+
+    def account(self, status: int, ended: str = "") -> None:
+        """The goodput line and RUN_DIR/goodput.json (launcher/host/goodput.py), once for a launch that trained."""
+        if self.goodput_due:
+            self.goodput_due = False
+            stop = "stopped" if self.stopped_by else "hung" if self.hung else "failed" if status else "completed"
+            goodput.account(self.run_dir, STARTED, ended or stop)
 
     def remove_shared_container(self) -> None:
         name, self.shared_container = self.shared_container, ""
@@ -302,10 +311,13 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
     plans.write(plan, Path(plan.run_dir, run_files.LAUNCH_PLAN))
     header(plan, resuming, container_line, restart.header(), saves.line(plan))
     supervisor = Supervisor(plan, limit, shared)
+    status = 1  # where run() raises: a stop by a signal (the supervisor knows it), or a defect
     try:
-        return supervisor.run()
+        status = supervisor.run()
+        return status
     finally:
         supervisor.remove_shared_container()
+        supervisor.account(status)
 
 
 def main(argv: list[str]) -> int:
