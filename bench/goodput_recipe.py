@@ -40,4 +40,5 @@ def configure() -> Any:  # a ConfigContainer
 
     signal.signal(signal.SIGUSR1, fault)
     upstream_train.train_step = with_faults(upstream_train.train_step)
-    return llama3_8b_h200_fp8cs_pretrain.configure()
+    # One GPU needs no FSDP, and local checkpoints hold Megatron Core's sharded state (torch_dist): both arms alike.
+    return llama3_8b_h200_fp8cs_pretrain.configure(use_megatron_fsdp=False)
