@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -153,9 +154,16 @@ class Launch:
         return sorted(names[process] for process in alive)
 
 
-def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[str, str] | None = None) -> Finished:
+def run(
+    command: list[str],
+    directory: Path,
+    timeout_s: float | None,
+    env: dict[str, str] | None = None,
+    each_poll: Callable[[Launch], object] = lambda launch: None,
+) -> Finished:
     """Run one launch in `directory` until it exits, or stop it (and every rank) after timeout_s (None: no limit) or
-    when the benchmark itself is stopped; then kill what it left running (named in Finished.left_behind)."""
+    when the benchmark itself is stopped; then kill what it left running (named in Finished.left_behind). EACH_POLL
+    is called with the launch at least once a second while it runs."""
     launch = Launch(command, directory, env)
     deadline = math.inf if timeout_s is None else launch.started + timeout_s
     try:
@@ -163,6 +171,7 @@ def run(command: list[str], directory: Path, timeout_s: float | None, env: dict[
             if time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(command, timeout_s)
             launch.receive(min(deadline - time.monotonic(), 1.0))
+            each_poll(launch)
         left = None if timeout_s is None else max(0.0, deadline - time.monotonic())
         returncode: int | str = launch.process.wait(timeout=left)
     except subprocess.TimeoutExpired:
