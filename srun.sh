@@ -19,7 +19,7 @@
 #                   pairs, job-wide; a table on the console and in RUN_DIR/health.json naming every node to
 #                   exclude; exit 0 when every node passes, 1 otherwise
 #   --sbatch ... -- submit the launch as a batch job with these sbatch options. SRUNSH_RUN_ID is the job id.
-#                   It saves checkpoints as it trains (asynchronously, and locally: SRUNSH_LOCAL_CKPT_DIR);
+#                   It saves as it trains, as often as a save's measured cost is worth (SRUNSH_MTBF_S);
 #                   SRUNSH_SAVE_LEAD_S before the time limit the ranks get SIGTERM, Megatron Bridge saves a
 #                   checkpoint and stops, and the job requeues itself; a failed job is requeued up to
 #                   SRUNSH_MAX_RETRIES times; each time it resumes from its newest checkpoint. Its log:
@@ -29,7 +29,7 @@
 # Each rank's output reaches the console labelled "RANK: " and RUN_DIR/logs/rank-RANK.log. When a rank fails, the
 # others get SIGTERM, and srun.sh names the rank that failed first and exits with its status; with the override
 # inprocess_restart.enabled=true, training restarts in every process instead, from its newest checkpoint, local or
-# persistent, which such a launch saves by default, as a batch job does (docs/failures.md). SIGINT or SIGTERM to
+# persistent (docs/failures.md). SIGINT or SIGTERM to
 # srun.sh sends SIGTERM to every rank, after it wrote RUN_DIR/hang-report.txt: where every rank is (its Python stacks,
 # torch's flight recorder), and which ranks are not in the collective the others wait in.
 set -euo pipefail
@@ -81,9 +81,9 @@ SRUNSH_HANG_TIMEOUT_S=${SRUNSH_HANG_TIMEOUT_S:-}
 # the next launch on the node skips compiling its fused kernels again (a container's /tmp is new at every start); the
 # container mounts it. Not on a file system the nodes share, where these caches race; off: in the container's /tmp.
 SRUNSH_COMPILE_CACHE=${SRUNSH_COMPILE_CACHE:-/var/tmp}
-# A directory on every node's own disk (its NVMe) for local checkpoints: a batch job or a launch with in-process
-# restart saves there every few steps, and a restart reloads from it in seconds (docs/failures.md); the container
-# mounts it. Not on a file system the nodes share; off: persistent checkpoints only.
+# A directory on every node's own disk (its NVMe) for local checkpoints (checkpoint.non_persistent_ckpt_type=local):
+# a batch job or in-process restart saves there every few steps and reloads them in seconds (docs/failures.md); the
+# container mounts it. Not on a file system the nodes share; off: none.
 SRUNSH_LOCAL_CKPT_DIR=${SRUNSH_LOCAL_CKPT_DIR:-/var/tmp}
 # Expected seconds between two faults of the job, from which the checkpoint intervals are chosen (docs/failures.md);
 # empty: one fault per 5,696 node-hours (Llama 3's pretraining) over the job's nodes.          SRUNSH_MTBF_S=86400

@@ -211,22 +211,22 @@ def test_the_rank_is_the_oldest_python_running_entrypoint_py_below_the_launch(tm
 @pytest.fixture
 def fault_signal():
     previous = signal.signal(signal.SIGUSR1, goodput_recipe.fault)
-    goodput_recipe.HELD.update(in_step=False, pending=False)
+    goodput_recipe.PENDING["fault"] = False
     yield
     signal.signal(signal.SIGUSR1, previous)
 
 
-def test_a_fault_signal_in_a_training_step_raises_there(fault_signal, capfd):
+def test_a_fault_signal_during_a_training_step_is_raised_at_the_start_of_the_next(fault_signal, capfd):
     def step(*_: object) -> str:
         os.kill(os.getpid(), signal.SIGUSR1)
-        for _ in range(100):
-            time.sleep(0.01)
+        time.sleep(0.05)
         return "completed"
 
+    faulty = goodput_recipe.with_faults(step)
+    assert faulty() == "completed"  # the step it came in completes: a fault inside it broke FP8 state
     with pytest.raises(RuntimeError, match="bench fault"):
-        goodput_recipe.with_faults(step)()
+        faulty()
     assert "goodput_recipe: bench fault at " in capfd.readouterr().out
-    assert goodput_recipe.with_faults(lambda: "completed")() == "completed"  # once
 
 
 def test_a_fault_signal_between_steps_is_raised_at_the_start_of_the_next(fault_signal):

@@ -50,22 +50,31 @@ def resolve(*argv: str):
     return entrypoint.resolve(entrypoint.parse_args([TINY, *argv]))
 
 
-def test_a_launch_that_keeps_work_saves_asynchronously_and_locally_and_keeps_the_recipes_interval(keeping_work):
+def test_a_launch_that_keeps_work_keeps_the_recipes_interval_and_puts_local_checkpoints_on_the_nodes_disk(
+    keeping_work,
+):
     cfg, applied = resolve()
-    ckpt = cfg.checkpoint
-    assert ckpt.async_save is True
-    assert ckpt.save_interval == 500  # the upstream recipe's
-    assert ckpt.non_persistent_ckpt_type == "local"
+    assert (cfg.checkpoint.save_interval, cfg.checkpoint.non_persistent_ckpt_type) == (500, None)  # the recipe's
+    assert defaults.to_choose(cfg, set(applied)) == set()
+    cfg, applied = resolve("checkpoint.non_persistent_ckpt_type=local")
     mine = f"srunsh-local-ckpt-uid{os.getuid()}"
-    assert ckpt.non_persistent_local_ckpt_dir == str(keeping_work / "nvme" / mine / "4242-20261207-101500")
+    assert cfg.checkpoint.non_persistent_local_ckpt_dir == str(keeping_work / "nvme" / mine / "4242-20261207-101500")
     assert defaults.to_choose(cfg, set(applied)) == {"non_persistent_save_interval"}
-    assert "local checkpoints on each node's" in defaults.describe(cfg, {"non_persistent_save_interval"})
+    line = defaults.describe(cfg, {"non_persistent_save_interval"})
+    assert "every 500 step(s); local checkpoints on each node's" in line and line.endswith("measured cost is worth")
+
+
+def test_an_interval_the_recipe_leaves_open_is_chosen_while_training(keeping_work):
+    cfg, applied = resolve("checkpoint.save_interval=null", "checkpoint.non_persistent_ckpt_type=local")
+    assert defaults.to_choose(cfg, set(applied)) == {"non_persistent_save_interval"}  # the command line's null wins
+    cfg.checkpoint.save_interval = 0  # as a recipe that sets none
+    assert defaults.to_choose(cfg, set()) == {"save_interval", "non_persistent_save_interval"}
 
 
 CHOICES = {
     "checkpoint.save_interval": st.sampled_from(["0", "7", "1000"]),
     "checkpoint.async_save": st.sampled_from(["true", "false"]),
-    "checkpoint.non_persistent_ckpt_type": st.sampled_from(["null", "local", "global"]),
+    "checkpoint.non_persistent_ckpt_type": st.sampled_from(["null", "local"]),
     "checkpoint.non_persistent_save_interval": st.sampled_from(["0", "5"]),
 }
 READ = {"true": True, "false": False, "null": None}
@@ -87,10 +96,14 @@ def test_a_bare_entrypoint_ignores_the_knobs_a_host_exports_for_srun_sh(keeping_
     assert defaults.describe(cfg, set()).startswith("saves persistent checkpoints synchronously")
 
 
-def test_megatron_fsdp_saves_asynchronously_but_keeps_no_local_checkpoints(keeping_work):
-    cfg, _ = resolve("use_megatron_fsdp=true")
-    assert (cfg.checkpoint.ckpt_format, cfg.checkpoint.async_save) == ("fsdp_dtensor", True)
-    assert cfg.checkpoint.non_persistent_ckpt_type is None
+def test_local_checkpoints_of_a_format_that_holds_no_sharded_state_or_without_a_folder_are_refused(
+    keeping_work, monkeypatch
+):
+    with pytest.raises(UsageError, match=r"holds Megatron Core's sharded state, which .*=fsdp_dtensor is not: "):
+        resolve("use_megatron_fsdp=true", "checkpoint.non_persistent_ckpt_type=local")
+    monkeypatch.delenv("RUN_DIR")  # a bare entrypoint.py: no SRUNSH_LOCAL_CKPT_DIR
+    with pytest.raises(UsageError, match=r"non_persistent_ckpt_type=local has no directory: launch it with srun.sh"):
+        resolve("checkpoint.non_persistent_ckpt_type=local")
 
 
 def test_an_asynchronous_save_of_a_format_that_cannot_is_refused_in_one_line(keeping_work):
@@ -173,8 +186,8 @@ def test_dry_run_of_an_inprocess_restart_launch_says_what_it_saves_and_hands_the
     env = exported(result.stdout)
     assert (env["SRUNSH_KEEP_WORK"], env["SRUNSH_LOCAL_CKPT_DIR"]) == ("1", str(nvme))
     assert env["SRUNSH_MTBF_S"] == f"{ONE_NODE_MTBF_S:.0f}"
-    (line,) = [line for line in result.stdout.splitlines() if line.startswith("# saves by default")]
-    assert f"local ones on each node's {nvme}" in line and "any checkpoint.* override win" in line
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("# saves persistent checkpoints")]
+    assert f"local ones on each node's {nvme}" in line and "a fault every" in line
     assert srun_world.calls() == []
 
 

@@ -1,6 +1,6 @@
-"""What a batch job or an in-process-restart launch saves without being asked (srun.sh sets SRUNSH_KEEP_WORK=1):
-Megatron Bridge's asynchronous persistent checkpoints and nvidia-resiliency-ext's local ones on each node's own disk
-(docs/failures.md). Nothing here writes a checkpoint: Megatron Bridge does."""
+"""What a batch job or an in-process-restart launch saves (srun.sh sets SRUNSH_KEEP_WORK=1): the intervals the
+recipe and the command line leave open are chosen while training (intervals.py), and local checkpoints, once turned
+on, go to each node's own disk (docs/failures.md). Nothing here writes a checkpoint: Megatron Bridge does."""
 
 import os
 from pathlib import Path
@@ -26,22 +26,12 @@ def local_directory() -> str | None:
     return str(Path(root) / f"srunsh-local-ckpt-uid{os.getuid()}" / os.environ.get("RUN_ID", "run"))
 
 
-def local_given(given: set[str]) -> bool:
-    return bool({f"{KEY}non_persistent_ckpt_type", f"{KEY}non_persistent_save_interval"} & given)
-
-
 def apply(cfg: ConfigContainer, given: set[str]) -> None:
-    """The defaults that keep work, where GIVEN (the keys the command line set) and the recipe leave them."""
+    """Local checkpoints, where turned on, in this run's folder of SRUNSH_LOCAL_CKPT_DIR unless GIVEN (the keys the
+    command line set) names another."""
     ckpt = cfg.checkpoint
-    if f"{KEY}async_save" not in given and ckpt.ckpt_format in ASYNC_FORMATS:
-        ckpt.async_save = True
-    local = local_directory()
-    # Local checkpoints hold Megatron Core's sharded state; Megatron FSDP's fsdp_dtensor is not built for them.
-    if local is not None and not local_given(given) and ckpt.non_persistent_ckpt_type is None:
-        if ckpt.ckpt_format == LOCAL:
-            ckpt.non_persistent_ckpt_type = "local"
-            if f"{KEY}non_persistent_local_ckpt_dir" not in given:
-                ckpt.non_persistent_local_ckpt_dir = local
+    if ckpt.non_persistent_ckpt_type == "local" and f"{KEY}non_persistent_local_ckpt_dir" not in given:
+        ckpt.non_persistent_local_ckpt_dir = local_directory() or ckpt.non_persistent_local_ckpt_dir
 
 
 def to_choose(cfg: ConfigContainer, given: set[str]) -> set[str]:
@@ -49,19 +39,33 @@ def to_choose(cfg: ConfigContainer, given: set[str]) -> set[str]:
     ckpt, chosen = cfg.checkpoint, set()
     if f"{KEY}save_interval" not in given and not ckpt.save_interval:
         chosen.add("save_interval")
-    if ckpt.non_persistent_ckpt_type == "local" and not ckpt.non_persistent_save_interval and not local_given(given):
+    local_open = f"{KEY}non_persistent_save_interval" not in given and not ckpt.non_persistent_save_interval
+    if ckpt.non_persistent_ckpt_type == "local" and local_open:
         chosen.add("non_persistent_save_interval")
     return chosen
 
 
-def check_async(cfg: ConfigContainer) -> None:
-    """Megatron Bridge refuses it only as it finalizes the config, on every rank, after start-up."""
-    ckpt_format = cfg.checkpoint.ckpt_format
-    if cfg.checkpoint.async_save and ckpt_format not in ASYNC_FORMATS:
+def check(cfg: ConfigContainer) -> None:
+    """What Megatron Bridge refuses or fails on only after start-up, on every rank."""
+    ckpt = cfg.checkpoint
+    if ckpt.async_save and ckpt.ckpt_format not in ASYNC_FORMATS:
         raise UsageError(
-            f"checkpoint.async_save=true cannot save checkpoint.ckpt_format={ckpt_format}: Megatron Bridge writes"
+            f"checkpoint.async_save=true cannot save checkpoint.ckpt_format={ckpt.ckpt_format}: Megatron Bridge writes"
             f" asynchronously only {' and '.join(ASYNC_FORMATS)}; set checkpoint.ckpt_format=torch_dist or drop"
             " checkpoint.async_save"
+        )
+    if ckpt.non_persistent_ckpt_type != "local":
+        return
+    if ckpt.ckpt_format != LOCAL:
+        raise UsageError(
+            f"checkpoint.non_persistent_ckpt_type=local holds Megatron Core's sharded state, which"
+            f" checkpoint.ckpt_format={ckpt.ckpt_format} is not: drop it, or use checkpoint.ckpt_format={LOCAL}"
+            " (Megatron FSDP: use_megatron_fsdp=false)"
+        )
+    if not ckpt.non_persistent_local_ckpt_dir:
+        raise UsageError(
+            "checkpoint.non_persistent_ckpt_type=local has no directory: launch it with srun.sh, whose"
+            " SRUNSH_LOCAL_CKPT_DIR places it on each node's disk, or set checkpoint.non_persistent_local_ckpt_dir"
         )
 
 
@@ -86,6 +90,4 @@ def describe(cfg: ConfigContainer, to_choose: set[str]) -> str:
             " checkpoint.save_interval=N, or launch with inprocess_restart.enabled=true or --sbatch, which save"
             " by default"
         )
-    if keeps_work() and local_directory() and ckpt.non_persistent_ckpt_type is None and ckpt.ckpt_format != LOCAL:
-        parts.append(f"no local ones (they need ckpt_format {LOCAL}, not {ckpt.ckpt_format})")
     return "saves " + "; ".join(parts)

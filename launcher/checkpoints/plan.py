@@ -19,11 +19,11 @@ def line(plan: LaunchPlan) -> str:
     """The header's and the dry run's line on what the launch saves ("" where the recipe decides: rank 0 says it)."""
     given = section(split(plan.overrides), "checkpoint")
     if plan.keep_work:
-        local = f", local ones on each node's {plan.local_ckpt_dir}" if plan.local_ckpt_dir else ""
+        local = f" on each node's {plan.local_ckpt_dir}" if plan.local_ckpt_dir else ""
         return (
-            f"saves by default: persistent checkpoints asynchronously in RUN_DIR/checkpoints{local}, each as often as"
-            f" its measured cost is worth against a fault every {plan.mtbf_s} s (SRUNSH_MTBF_S); the recipe's positive"
-            " intervals and any checkpoint.* override win"
+            "saves persistent checkpoints at the recipe's interval, else as often as a save's measured cost is worth"
+            f" against a fault every {plan.mtbf_s} s (SRUNSH_MTBF_S); checkpoint.non_persistent_ckpt_type=local adds"
+            f" local ones{local}, and checkpoint.async_save=true writes them in the background"
         )
     if given.get("save_interval") in ("0", "null", "None"):
         return "saves no checkpoint (checkpoint.save_interval=0 on the command line): a failure loses every step"

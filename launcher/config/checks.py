@@ -35,7 +35,7 @@ def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
     if training is not None:
         check_expert_parallelism(upstream_validated(cfg, training) or cfg, training)
     inprocess.check_restart(cfg, world_size)
-    defaults.check_async(cfg)
+    defaults.check(cfg)
     data.check_data(cfg)
 
 

@@ -69,17 +69,19 @@ def test_a_killed_rank_is_replaced_by_the_spare_and_training_completes(launch, r
     assert "training completed after in-process restart; rank(s) 1 on" in run.log
 
 
-def test_with_the_defaults_a_raise_goes_on_from_the_local_checkpoint_not_a_persistent_one(launch, record, tmp_path):
-    """No checkpoint override: in-process restart saves local checkpoints by default (issue 67), at an interval chosen
-    from the first save's cost (SRUNSH_MTBF_S=60 s makes it a few steps here), and the restart reloads the newest."""
+def test_with_local_checkpoints_a_raise_goes_on_from_the_newest_local_one(launch, record, tmp_path):
+    """Local checkpoints on (issue 67), their folder and interval left to srun.sh: on SRUNSH_LOCAL_CKPT_DIR, at an
+    interval chosen from the first save's cost (SRUNSH_MTBF_S=60 s makes it a few steps), and the restart reloads
+    the newest."""
     env = {"SRUNSH_LOCAL_CKPT_DIR": str(tmp_path), "SRUNSH_MTBF_S": "60"}
     common = (*(o for o in COMMON if not o.startswith("checkpoint.")), "fault=raise", "fault_rank=0")
+    common += ("checkpoint.non_persistent_ckpt_type=local",)
     run = launch(RECIPE, *common, *RESTART, gpus=1, env=env, timeout=300)
     restart = re.search(r"resumed from the local checkpoint of step (?P<from>\d+) \((?P<again>\d+) step", run.log)
     chosen = re.search(r"a local checkpoint held training [0-9.]+ s: one every (?P<every>\d+) step", run.log)
     record(
         run,
-        case="e: raise, in-process, default local checkpoints",
+        case="e: raise, in-process, local checkpoints",
         seconds_to_next_step=(line := RESTART_LINE.search(run.log)) and float(line["s"]),
         steps_lost=restart and int(restart["again"]) + 1,
     )
