@@ -1,12 +1,6 @@
-"""`profiling.use_viztracer=true`: VizTracer as a third profiler beside Megatron Bridge's nsys and PyTorch profilers.
-
-It traces the Python of the steps `profiling.profile_step_start` to `profiling.profile_step_end` on the ranks of
-`profiling.profile_ranks` (empty: all ranks), one JSON trace per rank and run in `$VIZTRACER_OUTPUT_DIR`.
-
-This is the one module that patches Megatron Bridge. It wraps, in megatron-bridge 0.6.2,
-`megatron.bridge.training.train.handle_profiling_step` and `handle_profiling_stop` (names train.py imports from
-`megatron.bridge.training.profiling`); tests/test_viztracer_plugin.py fails if upstream renames or re-signs them.
-"""
+"""`profiling.use_viztracer=true`: VizTracer beside Megatron Bridge's nsys and PyTorch profilers (docs/profiling.md).
+The one module that patches Megatron Bridge 0.6.2: it wraps train.py's handle_profiling_step and handle_profiling_stop;
+tests/test_viztracer_plugin.py fails if upstream renames or re-signs them."""
 
 import atexit
 import functools

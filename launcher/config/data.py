@@ -1,10 +1,5 @@
 """The data a run trains on, checked where the ranks will read it, before any of them joins the job; each failure is a
-one-line UsageError. Each dataset of the blend (data_paths=, dataset.blend / blend_per_split / data_path) must have its
-PREFIX.bin and PREFIX.idx, seen from inside the container (SRUNSH_MOUNT says when not); the index must describe exactly
-the bytes of the data file; the token ids (the header's dtype, a sample of sequences) must fit the tokenizer, a real
-one; and every split must be one megatron-core can build (launcher/config/splits.py). describe() is the line a run
-prints once: what it trains on, mock data included.
-"""
+one-line UsageError (docs/data.md)."""
 
 import os
 from pathlib import Path

@@ -1,11 +1,5 @@
-"""The recipe's config as the command line sets it: configure() called with the overrides named like its parameters,
-then the config it returns given this run's outputs, its mixed-precision preset and the other overrides, in that order.
-
-Each override is parsed in Hydra's grammar (launcher/config/grammar.py); Megatron Bridge's omegaconf_utils applies them.
-Refused here is what those would take silently: unknown keys, values of the wrong type, sweeps, `+`/`~` edits of
-dataclass fields that Megatron Bridge would drop. A field that takes only a string takes `a,b` (a sweep) as the text
-typed (dataset.split=90,5,5).
-"""
+"""The recipe's config as the command line sets it: configure() with the overrides named like its parameters, then
+outputs, the mixed-precision preset and the other overrides; what is refused: docs/launch.md, "In the code"."""
 
 import dataclasses
 import difflib

@@ -1,12 +1,5 @@
-"""Which documents each train/valid/test split of the run's data gets, and whether megatron-core 0.19 can build it.
-
-BlendedMegatronDatasetBuilder cuts each dataset of the blend by dataset.split into three ranges of its documents (with
-blend_per_split, each split reads its datasets whole) and asks each part for its share of the split's sample target
-(Megatron Bridge's get_train_valid_test_num_samples). It cannot build, and does not say so, a part with a target but no
-tokens (GPTDataset._get_num_epochs adds empty epochs forever), nor, in a blend without weights, a part of less than
-one sample (seq_length + 1 tokens: BlendedDataset's bare assert). A part with tokens repeats them to meet its target.
-check_splits refuses the rest in one line, with each split's documents and a dataset.split that works.
-"""
+"""Which documents each train/valid/test split of the run's data gets, and whether megatron-core 0.19 can build it
+(docs/data.md, "In the code", says what it cannot build)."""
 
 import copy
 import dataclasses

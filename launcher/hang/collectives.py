@@ -1,14 +1,5 @@
-"""What torch's flight recorder records say (a plain pickle of the process groups' config and status, and their recent
-entries): each process group's oldest collective that not every member completed, who is in it and who is not; and
-torch's own analysis of them, `torchfrtrace`, where this Python has torch and the records are NCCL's. Standard library
-only: the launching host reads the records, and a rank writes their summary into its hang-report answer
-(launcher/hang/dumps.py), so that the host reads one small answer a rank instead of its whole record.
-
-A summary is the record in torch's shape with only what collectives() reads: every group's config and status, its
-entries not completed yet, and of the rest those that say a group's name and description, whether NCCL recorded start
-times, and which operations it ran; each group's members as ranges ("0-4095", "3-4091:8" for ranks 8 apart) rather
-than torch's list of every rank, which every member of the group would repeat.
-"""
+"""What torch's flight recorder records say: each process group's oldest collective that not every member completed,
+who is in it and who is not, and torch's own analysis; standard library only (docs/health.md, "In the code")."""
 
 import dataclasses
 import functools

@@ -1,20 +1,5 @@
-"""What a rank writes when srun.sh asks for a hang report (SIGUSR2, to every process of the job step; with --local, to
-the pid each rank registers here), into RUN_DIR/hang/ for launcher/hang/report.py:
-
-- rank-R.json, at start: host, pid, process start time and main thread, so that srun.sh signals only this process
-  and finds its main thread among the stacks;
-- stacks-rank-R.txt: every thread's Python stack, appended by faulthandler from inside the signal handler: it needs
-  no interpreter state, so a rank stuck in native code (an NCCL or CUDA wait) still answers;
-- fr/rank-R: torch's flight recorder as torch pickles it (`torchfrtrace` reads it), dumped by a thread that the
-  signal wakes through signal.set_wakeup_fd, since the main thread may never run Python again;
-- answer-rank-R.json, once that thread is done: the rank's state, its progress (progress.LAST, on this host's clock)
-  and the flight recorder's summary (collectives.py), so that the launching host reads one small file a rank. The
-  thread needs the GIL: a rank whose stuck thread holds it answers with its stacks only.
-
-SIGUSR2 is blocked in the main thread, so in every thread and process the rank starts (the mask is inherited across
-fork and exec): data loader workers, compilers and checkpoint writers ignore the step-wide signal instead of dying of
-it. Only the answering thread takes it.
-"""
+"""What a rank writes into RUN_DIR/hang/ when srun.sh asks for a hang report (SIGUSR2); docs/health.md,
+"In the code", says which files, and why SIGUSR2 is blocked in the main thread."""
 
 import contextlib
 import faulthandler

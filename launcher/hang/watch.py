@@ -1,14 +1,5 @@
-"""srun.sh's hang watch, a thread of the host supervisor (launcher/host/supervisor.py): it reads rank 0's step record
-(launcher/hang/progress.py) and, when no training step has completed for too long, writes why to
-RUN_DIR/hang/stalled.txt and calls back; the supervisor then collects the hang report before it stops the ranks.
-
-Too long: before the first step (imports, checkpoint loading, dataset indexes), 20 minutes; then SRUNSH_HANG_TIMEOUT_S,
-by default 10 times the longest time between two records (evaluation and logging steps included), at least 5 minutes.
-A longer SRUNSH_HANG_TIMEOUT_S applies to the start too (start-up legitimately takes longer than a step). A checkpoint
-save, and the time after training ended, do not count. It keeps RUN_DIR/hang/watch.json ({"launched": time.time() of
-its start, "limit_s": its limit now}) for the report: a stop before a step time is known blames only what is older
-than that limit. Standard library only: it runs on the launching host.
-"""
+"""srun.sh's hang watch, a thread of the host supervisor: it writes RUN_DIR/hang/stalled.txt and calls back when no
+training step has completed for too long (docs/health.md, "In the code", says how long)."""
 
 import threading
 import time

@@ -1,17 +1,5 @@
-"""One rank of srun.sh's health check (docs/health.md), started as launcher/health.py exactly as a training rank is
-(the same srun step, container, environment and torch.distributed over the job's NCCL and network plugin). It records
-each part in RUN_DIR/health/rank-R.json as it goes; report.py, on the launching host, enforces each part's deadline
-and judges these records. The parts, in order (each a collective over the group named, after a barrier of the whole
-job, so that every node measures it at the same time):
-  start                import torch, join torch.distributed (the world), learn every rank's host
-  gpu                  the GPU of LOCAL_RANK: visible, its free memory, a bf16 matrix-multiply rate, an HBM copy rate
-  node.all_reduce      among the ranks of this node (NVLink); then node.broadcast
-  pair.K.all_reduce    round K: node i with node i XOR 2^K (ceil(log2 N) rounds of N/2 pairs); then pair.K.broadcast
-  retest.J.all_reduce  a suspect's links with the same partner and another, against the pair of those two, so that the
-                       report can tell a slow link from noise; then retest.J.broadcast
-  job.all_reduce       over the whole job; then job.broadcast
-Collectives report bus bandwidth (nccl-tests' definition); without CUDA the check runs with gloo on the CPU.
-"""
+"""One rank of srun.sh's health check, started as launcher/health.py exactly as a training rank is; it records each
+part in RUN_DIR/health/rank-R.json (docs/health.md, "In the code", lists the parts)."""
 
 import json
 import math

@@ -1,8 +1,5 @@
-"""The verdict on every node of a health check (docs/health.md), from what its launch left: each rank's record
-(RUN_DIR/health/rank-R.json, written by check.py) and exit status. A node fails when a figure of it is an outlier,
-when its retests show its link slow beyond noise, when a rank of it errs, or when the check hangs there; a node whose
-link may be slow, but not beyond noise, is "suspect": named with its figures, not excluded. Standard library only:
-the launching host may have no SciPy, so the rank test is a few lines here."""
+"""The verdict on every node of a health check, from each rank's record and exit status (docs/health.md); standard
+library only."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""srun.sh's report of a launch that ended badly, on stderr: which rank failed first, on which host, with which status,
-and the end of its log; or the one-line error that every rank found; or what stopped every rank from outside; or,
-when no rank ended, what srun or torchrun said. Ranks that were stopped (SIGINT, SIGTERM, SIGKILL) sort after one that
-failed."""
+"""srun.sh's report of a launch that ended badly, on stderr: the first failed rank, its host, status and log's end;
+or the error every rank found, what stopped them from outside, or what srun or torchrun said (docs/failures.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Which mount holds a path: among SRUNSH_MOUNT's entries (pyxis's SRC:DST[:FLAGS], what the container sees), and in
-this host's own mount table (/proc/self/mounts), where SRUNSH_COMPILE_CACHE, the node-local directory of every rank's
-Triton and TorchInductor caches (docs/launch.md, "Start-up"), must not be on a file system the nodes share: Triton's
-cache writes race across nodes there (stale file handles, EBUSY: triton-lang/triton#11512, pytorch/pytorch#173679).
-As this host sees it: the nodes mount the same paths in a homogeneous cluster."""
+"""Which mount holds a path: among SRUNSH_MOUNT's entries, and in this host's mount table, where SRUNSH_COMPILE_CACHE
+must not be on a shared file system (docs/launch.md, "Compiled kernels, kept on the node")."""
 
 from __future__ import annotations
 
