@@ -68,16 +68,7 @@ def say(rank: int, what: str) -> None:
 
 
 class WindowTracer:
-    """One VizTracer over one profiling window of this process, written without stalling the other ranks.
-
-    At the window's end a forked child writes the trace while this rank goes on with the next step (written in this
-    process, a large trace holds the next step back: bench/results/viztracer-cost.md). The rank frees its trace
-    buffer only once the child has exited: freed while the child runs, each page would first be copied (copy-on-write).
-
-    SIGTERM inside the window (or while the writer runs) writes the trace, then ends the rank as the signal would
-    have. Once nothing is left to write, SIGTERM gets its default action back, so a rank stuck in native code (an NCCL
-    wait) dies of it at once again: a Python handler only runs when the interpreter gets control back.
-    """
+    """One VizTracer over one profiling window of this process, written by a forked child (docs/profiling.md)."""
 
     def __init__(self) -> None:
         self.tracer: VizTracer | None = None
@@ -115,8 +106,7 @@ class WindowTracer:
             self.writer = fork_writer(tracer), tracer
 
     def reap(self, wait: bool) -> None:
-        """Once the writer has exited: report how it ended and free the trace buffer. With wait, a writer still
-        running after WRITER_DEADLINE_S is killed."""
+        """Once the writer has exited: say how it ended, free the buffer; wait: kill it past WRITER_DEADLINE_S."""
         if self.writer is None:
             return
         pid, tracer = self.writer
@@ -176,13 +166,7 @@ class WindowTracer:
 
 
 def fork_writer(tracer: VizTracer) -> int:
-    """Start the child that writes the stopped tracer's trace and then leaves without unwinding into the training loop
-    it was forked from; its pid.
-
-    Not VizTracer's fork_save(): it needs multiprocessing's "fork" start method, and its child starts with the rank's
-    signal handlers, so a stop signal would run the rank's handler in the writer, or end it, before the trace is
-    written. Here the stop signals are blocked across the fork and ignored in the child before it runs anything else.
-    """
+    """The child that writes the stopped tracer's trace, then leaves without unwinding into training; its pid."""
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     pid = os.fork()
     if pid == 0:
@@ -222,9 +206,7 @@ WINDOW = WindowTracer()
 
 
 def exit_traced_process(status: int) -> None:
-    """End a process that ran VizTracer: every atexit handler runs (trace writer joined, logs flushed), then the
-    process leaves without CPython's object teardown, in which VizTracer 1.1.1's C tracer crashes the interpreter
-    (exit 139 after a complete run)."""
+    """Every atexit handler, then an exit without CPython's teardown (VizTracer 1.1.1's C tracer crashes there)."""
     if WINDOW.used:
         atexit._run_exitfuncs()
         sys.stdout.flush()
@@ -233,8 +215,7 @@ def exit_traced_process(status: int) -> None:
 
 
 def install() -> None:
-    """Wrap Megatron Bridge's per-step profiling hooks so they also drive VizTracer and say where the window really
-    opens and closes, so that a user can match a report to its steps. Idempotent."""
+    """Wrap Megatron Bridge's per-step profiling hooks to drive VizTracer and say where the window opens and closes."""
     step_hook, stop_hook = (getattr(upstream_train, name) for name in PATCHED)
     if getattr(step_hook, "__wrapped__", None) is not None:
         return

@@ -50,8 +50,7 @@ def remove_all(paths: Iterable[Path]) -> None:
 
 
 def remove_tree(path: str | Path) -> None:
-    """PATH and everything in it, its files many at a time (remove_all); what cannot be removed is left, as
-    shutil.rmtree(ignore_errors=True) leaves it."""
+    """PATH and all in it, files many at a time; what cannot be removed stays, as with rmtree(ignore_errors=True)."""
     files = [Path(folder, name) for folder, _, names in os.walk(path) for name in names]
     with contextlib.suppress(OSError):  # the others are removed all the same: every unlink was started
         remove_all(files)

@@ -50,12 +50,8 @@ def from_hf(upstream: Callable[[], ConfigContainer], hub_id: str, hf_path: str |
 
 @contextmanager
 def hub_id_served_from(hub_id: str, local_dir: Path) -> Iterator[list[AutoBridge]]:
-    """While active, AutoBridge.from_hf_pretrained(hub_id) reads local_dir instead of the hub; yields the bridges built.
-
-    Upstream recipes (megatron-bridge 0.6.2, e.g. deepseek_v2_lite_pretrain_8gpu_h100_bf16_config) build their model
-    with `AutoBridge.from_hf_pretrained("<hub id>")` and take no arguments, so this is the one way to keep every other
-    upstream setting while reading the architecture offline.
-    """
+    """While active, AutoBridge.from_hf_pretrained(hub_id) reads local_dir instead of the hub; yields the bridges built
+    (the one way to read an upstream recipe's architecture offline: docs/checks.md)."""
     from megatron.bridge import AutoBridge  # Hugging Face conversion imports every model bridge: only with hf_path
 
     original = AutoBridge.__dict__["from_hf_pretrained"]
@@ -115,12 +111,8 @@ def blend_list(data_paths: list[str | float] | str) -> list[str]:
 
 
 def set_data(cfg: ConfigContainer, data_paths: DataPaths, tokenizer_path: str | None, hf_path: str | None) -> None:
-    """Train on the Megatron indexed datasets (PREFIX.bin + PREFIX.idx, tools/prepare_data.py) of data_paths instead of
-    mock data, with the tokenizer they were prepared with: tokenizer_path, else hf_path's when it holds one.
-
-    Megatron Bridge's recipe helper turns the list into the blend; the recipe keeps its train/valid/test split. The
-    datasets and the tokenizer are checked before training (launcher/config/data.py), where the ranks see them.
-    """
+    """Train on the indexed datasets of data_paths instead of mock data, with tokenizer_path, else hf_path's tokenizer
+    (docs/data.md)."""
     if tokenizer_path is None and data_paths is not None and hf_path is not None and has_tokenizer(Path(hf_path)):
         tokenizer_path = hf_path
     if tokenizer_path is not None:

@@ -59,8 +59,7 @@ def check_data(cfg: ConfigContainer) -> None:
 
 
 def container_mounts() -> list[str] | None:
-    """The SRUNSH_MOUNT destinations when the ranks run in srun.sh's container (it sets SRUNSH_MOUNT, resolved, for
-    those only), else None."""
+    """SRUNSH_MOUNT's destinations when the ranks run in srun.sh's container (only those get it), else None."""
     mount = from_srun_sh("SRUNSH_MOUNT")
     return [entry.split(":")[1] for entry in mount.split(",") if ":" in entry] if mount else None
 

@@ -126,10 +126,8 @@ def add_sections(cfg: ConfigContainer, overrides: list[Override]) -> None:
 
 
 def choose_preset(cfg: ConfigContainer, overrides: list[Override]) -> tuple[list[Override], dict[str, Any]]:
-    """Apply a `mixed_precision=NAME` override and resolve the preset name the config holds into its
-    MixedPrecisionConfig: a misspelt name is refused before anything starts (Megatron Bridge would look it up inside
-    pretrain(), on every rank), and `mixed_precision.FIELD=VALUE` changes one of its fields. Returns the other
-    overrides, and the chosen preset (empty when the recipe's is kept)."""
+    """Apply `mixed_precision=NAME` and resolve the preset into its MixedPrecisionConfig (a misspelt one refused);
+    returns the other overrides and the chosen preset (empty: the recipe's)."""
     applied: dict[str, Any] = {}
     for choice in filter(is_preset_choice, overrides):  # one at most: grammar.parse refuses a key given twice
         cfg.mixed_precision = applied[PRESET] = choice.value()

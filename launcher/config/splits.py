@@ -37,8 +37,7 @@ class Part:
 
 @dataclasses.dataclass(frozen=True)
 class RunData:
-    """What megatron-core's builder will be given: the dataset config, its blend (or blends per split), each split's
-    sample target, and each local dataset's sequence lengths."""
+    """What megatron-core's builder gets: the dataset config, its blend(s), split targets and datasets' lengths."""
 
     config: BlendedMegatronDatasetConfig
     blend: Blend | None
@@ -77,8 +76,7 @@ def sample_targets(cfg: ConfigContainer) -> list[int] | None:
 
 
 def split_parts(data: RunData, split: str | None) -> list[Part]:
-    """Every part megatron-core builds with this dataset.split: for each split it builds, each local dataset's
-    documents, tokens and sample target."""
+    """Every part megatron-core builds with this dataset.split: each local dataset's documents, tokens and target."""
     if data.blend is not None:
         matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split or ""))
         return [

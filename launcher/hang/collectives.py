@@ -144,8 +144,8 @@ class Collective:
 
 
 def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
-    """Every process group's oldest collective that not all of its members completed, the most telling first: those
-    with members that are not in it, then those that the most ranks wait in."""
+    """Each process group's oldest collective not every member completed: those with members outside it first, then
+    those the most ranks wait in."""
     records = {number: group_records(rank.dump) for number, rank in ranks.items() if rank.dump is not None}
     holders: dict[str, dict[int, dict]] = {}  # each group's records, by the rank they are of
     for number, groups in records.items():
@@ -158,8 +158,8 @@ def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
 def oldest_open(
     name: str, holders: dict[int, dict], recorded: set[int], ranks: dict[int, Rank], world: int
 ) -> Collective | None:
-    """Process group `name`'s oldest collective that not every member completed, or None. `holders`: the group's
-    record of each rank that has one; `recorded`: the ranks with a record at all."""
+    """Group `name`'s oldest collective not every member completed, or None. `holders`: its record of each rank that has
+    one; `recorded`: the ranks with a record at all."""
     known = list(holders.values())
     desc = next((group["desc"] for group in known if group["desc"]), "")
     members = next((group["members"] for group in known if group["members"]), None)

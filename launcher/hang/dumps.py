@@ -90,8 +90,7 @@ def answer(directory: Path, rank: int, stacks: IO[str], asked: float) -> None:
 
 
 def dump_flight_recorder(path: Path, backend: str) -> dict[str, str]:
-    """torch's flight recorder of the backend the default process group uses (NCCL's records its own). Without the
-    call sites of the collectives: symbolizing them takes seconds, and the stacks say where each rank is."""
+    """torch's flight recorder of the default group's backend, without call sites (symbolizing them takes seconds)."""
     from torch._C import _distributed_c10d as c10d
 
     dump = c10d._dump_nccl_trace if "nccl" in backend else c10d._dump_fr_trace
@@ -103,9 +102,8 @@ def dump_flight_recorder(path: Path, backend: str) -> dict[str, str]:
 
 
 def record_flight_recorder(path: Path, data: bytes) -> dict[str, Any]:
-    """torch's record DATA into PATH, as torch pickled it (torchfrtrace reads it there); the answer's fields: its
-    name, and its summary for the report. A record this code cannot read gets no summary: the report then reads
-    the file."""
+    """torch's record DATA into PATH, as torch pickled it; the answer's fields: its name and its summary (none for a
+    record this code cannot read: the report then reads the file)."""
     progress.replace_file(path, data)
     fields: dict[str, Any] = {"flight_recorder": path.name}
     with contextlib.suppress(pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError):

@@ -61,9 +61,8 @@ class Stop:
 
 
 def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | None:
-    """None before the second step: until then no step's time is known. From the ranks' answers, else from rank 0's
-    step record (RUN_DIR/hang/progress.json, as the hang watch reads it): a rank whose stacks came but whose answer
-    did not (its flight-recorder dump still running) says nothing of its pace, and that is no sign of a stall."""
+    """None before the second step (no step time known). From the ranks' answers, else rank 0's step record: a rank
+    whose answer did not come (its dump still running) says nothing of its pace."""
     keys = ("longest_step_s", "last_step_time", "time")
     timed = [r.answer for r in ranks.values() if r.answer and all(r.answer.get(key) is not None for key in keys)]
     if timed:
@@ -346,8 +345,7 @@ def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int)
 
 
 def frames_by_rank(ranks: dict[int, Rank]) -> list[str]:
-    """Ranks with the same top frames (and end, if they had ended) together, so that a 4,096-rank job reads in a
-    screen."""
+    """Ranks with the same top frames (and end) together, so that a 4,096-rank job reads in a screen."""
     alike: dict[tuple[str, tuple[str, ...]], list[Rank]] = {}
     for rank in ranks.values():
         alike.setdefault((rank.ended or "", tuple(short(f) for f in rank.frames[:TOP_FRAMES])), []).append(rank)

@@ -15,8 +15,7 @@ POLL_S = 1.0
 
 
 class StallClock:
-    """When the watch fires, from the step records it observes (on this host's monotonic clock, so that clocks of
-    other hosts never matter)."""
+    """When the watch fires, on this host's monotonic clock (so that other hosts' clocks never matter)."""
 
     def __init__(self, fixed_s: float | None, now: float) -> None:
         self.fixed_s = fixed_s
@@ -55,8 +54,7 @@ def write_limit(hang: Path, launched: float, limit_s: float) -> None:
 
 
 def watch(run_dir: Path, fixed_s: float | None, on_stall: Callable[[str], None], stop: threading.Event) -> None:
-    """Until `stop` is set, or a stall: then RUN_DIR/hang/stalled.txt says why, and on_stall(why) is called once.
-    `fixed_s`: SRUNSH_HANG_TIMEOUT_S, or None for the default limit."""
+    """Until `stop` is set, or a stall: stalled.txt says why, on_stall(why) once; fixed_s: SRUNSH_HANG_TIMEOUT_S."""
     hang = run_dir / "hang"
     clock = StallClock(fixed_s, time.monotonic())
     launched, written = time.time(), None

@@ -127,9 +127,8 @@ def suspects(best: dict[int, tuple[float, int]]) -> list[int]:
 
 
 def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[tuple[int, str, Pair]]]:
-    """The retests of every suspect of any figure ({figure: best pairs}), as steps of (suspect, role, pair) whose
-    pairs share no node (they run at once): per cycle, the reference, the same partner, the reference, another
-    partner (the best of the rest in that figure)."""
+    """The retests of every suspect ({figure: best pairs}) as steps of (suspect, role, pair) whose pairs share no node:
+    per cycle, the reference, the same partner, the reference, another partner (the best of the rest)."""
     found = {op: suspects(best) for op, best in flagged.items()}
     measurements = []
     for _ in range(RETEST_CYCLES):
@@ -248,9 +247,8 @@ class Check:
         return rates(size * bus_factor(op, len(ranks)) / 1e9, samples)
 
     def new_groups(self, part: str, groups: list[list[int]], desc: str) -> object | None:
-        """This rank's group among `groups`: every rank creates all of them, in one order, as torch asks (gloo's
-        groups deadlock when members create overlapping ones in different orders). A rank waits only for the members
-        of its own group; creating another is bookkeeping (NCCL connects at the first collective)."""
+        """This rank's group among `groups`: every rank creates all of them in one order, as torch asks (gloo deadlocks
+        otherwise); NCCL connects at the first collective, so creating another's is bookkeeping."""
         own = next((ranks for ranks in groups if self.rank in ranks), None)
         self.record.enter(part, own, stage="group")
         made = [self.dist.new_group(ranks, group_desc=desc) for ranks in groups]

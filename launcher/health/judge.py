@@ -130,9 +130,8 @@ def largest_size(sizes: tuple[str, ...]) -> str:
 
 
 def link(records: dict[int, dict], ranks: list[int], part: str) -> tuple[float | None, float | None, list[float]]:
-    """A collective part's bus bandwidth at its largest size as the group that the first of `ranks` in it got it
-    (check.py's JOB: the whole job): a collective takes as long as its slowest member (a broadcast's root is done
-    early), so the slowest member's median, the lowest best sample, and the slowest member's samples."""
+    """A part's bus bandwidth at its largest size in the group of the first of `ranks` in it: its slowest member's
+    median (a collective takes as long as it), the lowest best sample, and the slowest member's samples."""
     holder = next((r for r in ranks if part in records[r]["results"]), None)
     if holder is None:
         return None, None, []
@@ -149,8 +148,7 @@ def gpu_results(records: dict[int, dict], ranks: list[int]) -> dict[int, dict]:
 
 
 def fill_figures(node: Node, records: dict[int, dict]) -> None:
-    """The node's figures: each GPU figure of its worst GPU, its own collectives' figures, and those of its best
-    pair (so that a bad partner drags only itself)."""
+    """The node's figures: its worst GPU's, its own collectives', its best pair's (a bad partner drags only itself)."""
     ranks = [rank for rank in node.ranks if rank in records]
     gpu = gpu_results(records, ranks)
     applicable = [rank for rank in ranks if gpu[rank].get("applicable")]
@@ -181,10 +179,8 @@ def check_gpus(node: Node, records: dict[int, dict]) -> None:
 
 
 def outliers(measured: dict) -> dict:
-    """{who: (how far below, the median)} of the figures {who: (median sample, best sample)} more than 10% below the
-    median and further than how far the median samples typically lie below the best (noise is no outlier: on GPUs
-    samples agree to a few percent, gloo's on a shared CPU do not). A median of 0 (most GPUs with no memory free)
-    leaves nothing to be below."""
+    """{who: (how far below, the median)} of {who: (median sample, best sample)} more than 10% below the median and
+    further than median samples typically lie below the best (noise is no outlier); none with a median of 0."""
     if len(measured) < 2:
         return {}
     median = statistics.median(value for value, _ in measured.values())
@@ -227,9 +223,8 @@ def orders_at_most(low: int, high: int, inverted: int) -> int:
 
 
 def noise_chance(own: list[float], reference: list[float]) -> float:
-    """The chance that measurements of one link, all alike, rank `own` at least as far below `reference` as they
-    are: the share of all orders of the two with as few of own's above the reference's (the exact one-sided
-    Mann-Whitney test; a tie counts against the verdict)."""
+    """The chance that alike measurements rank `own` at least this far below `reference` (exact one-sided Mann-Whitney;
+    a tie counts against the verdict)."""
     inverted = sum(a >= b for a in own for b in reference)
     return orders_at_most(len(own), len(reference), inverted) / math.comb(len(own) + len(reference), len(own))
 
@@ -267,10 +262,7 @@ def retests(records: dict[int, dict]) -> list[dict]:
 
 
 def judge_link(node: Node, name: str, measured: list[dict]) -> None:
-    """Slow when the best samples of the node's pairs (with the same partner and another) are more than 10% below
-    the reference pair's (those two partners) and noise would rank them so in at most NOISE_CHANCE of checks;
-    suspect when they are that far below and noise would rank them so in at most SUSPECT_CHANCE, or when noise
-    would not but they are less far below; else ok (the first figure was noise)."""
+    """Slow, suspect or ok by the retests' best samples against the reference pair's (docs/health.md, "Slow")."""
     own = [m["figure"] for m in measured if m["role"] != "reference"]
     reference = [m["figure"] for m in measured if m["role"] == "reference"]
     below = 1 - statistics.median(own) / statistics.median(reference)
@@ -296,8 +288,7 @@ def judge_link(node: Node, name: str, measured: list[dict]) -> None:
 
 
 def behind(part: str, members: list[int], records: dict[int, dict]) -> list[int]:
-    """The members of a group, not finished, that never reached `part` (at the start: never reached the rendezvous).
-    A finished member went through every part (its record has no part any more: a broadcast's root is done early)."""
+    """The unfinished members that never reached `part` (at the start: the rendezvous); a finished one passed all."""
     unfinished = [m for m in members if not records.get(m, {}).get("finished")]
     if part == "start":
         return [m for m in unfinished if records.get(m, {}).get("stage") != "rendezvous"]
@@ -313,8 +304,8 @@ def whereabouts(record: dict | None) -> str:
 
 
 def blame(run: Run, nodes: dict[str, Node]) -> str:
-    """Name who a hang is on: for each rank past its part's deadline, the members of its group that never reached that
-    part, else the group itself. Returns a job-wide finding when no node is to blame."""
+    """Name who a hang is on: the members of a late rank's group that never reached its part, else the group; returns a
+    job-wide finding when no node is to blame."""
     records, layout, job = run.records, run.layout, ""
     for rank in run.late:
         part = records.get(rank, {}).get("part") or "start"

@@ -53,9 +53,8 @@ def read_records(health: Path, world: int, known: Records | None = None) -> Reco
 
 
 def supervise(process: subprocess.Popen, health: Path, world: int, timeout: float) -> tuple[str, list[int], Records]:
-    """Until every rank finished ("finished"), the launch ended first ("exited"), or ranks overstayed a part's
-    deadline ("deadline", those ranks); and the records read last. A part's clock starts when this host first sees a
-    rank in it (the start's at the launch), so the clocks of other hosts never matter."""
+    """Until every rank finished, the launch ended, or ranks overstayed a part's deadline; the late ranks, last records.
+    A part's clock starts when this host first sees a rank in it (other hosts' clocks never matter)."""
     started = time.monotonic()
     seen: dict[int, tuple[str, float]] = {}
     records: Records = {}
@@ -173,9 +172,8 @@ def verdict_line(run: Run, nodes: list[Node], job: str) -> str:
 
 
 def write_results(run: Run, nodes: list[Node], job: str) -> bool:
-    """Writes RUN_DIR/health.json and RUN_DIR/health/failed-nodes; whether every node passed. health.json has the
-    verdicts indented and each rank's record on a line of its own (json's indenting encoder, pure Python, takes 15 s
-    for the records of 4,096 ranks; its C encoder writes each line at once)."""
+    """Writes RUN_DIR/health.json and health/failed-nodes; whether every node passed. Each rank's record is a line of
+    its own (json's indenting encoder takes 15 s for 4,096 ranks' records; its C encoder writes a line at once)."""
     failed = [node.host for node in nodes if node.failed]
     result = {
         "passed": not failed and not job,

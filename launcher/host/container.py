@@ -25,8 +25,7 @@ MEASURED = (
 
 @dataclasses.dataclass
 class Pyxis:
-    """pyxis's line of the plugstack configuration (the file `scontrol show config` names); `file` is None when it
-    could not be read."""
+    """pyxis's plugstack line (in the file `scontrol show config` names); `file`: None if unreadable."""
 
     file: str | None
     found: bool = False
@@ -63,9 +62,8 @@ def read_pyxis(file: str | None) -> Pyxis:
 
 
 def launch_container_name(run_id: str, image: Path, launch: str) -> str:
-    """A name no other launch, run or image gives: the run id, and a digest of the image file's identity (a changed or
-    replaced file has another) and `launch` (what tells this launch from another of the same run: a requeue, a
-    resume)."""
+    """A name no other launch, run or image gives: the run id, a digest of the image file's identity (a changed or
+    replaced file has another) and `launch` (what tells it from another launch of the run: a requeue, a resume)."""
     info = image.stat()
     identity = f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
     digest = hashlib.sha256(f"{identity}|{launch}".encode()).hexdigest()[:12]

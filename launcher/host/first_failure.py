@@ -35,8 +35,7 @@ def log_end(path: Path) -> bytes:
 
 
 def launch_notes(log: Path, start: int, local: bool) -> list[bytes]:
-    """This launch's lines of launcher.log; under SLURM each once, since pyxis and slurmstepd say the same on every
-    node."""
+    """This launch's lines of launcher.log; under SLURM each once (pyxis and slurmstepd say the same on every node)."""
     try:
         with log.open("rb") as file:
             file.seek(start - 1)

@@ -63,8 +63,7 @@ def unwritable(path: str, error: OSError) -> UsageError:
 
 
 def claim_run_dir(plan: LaunchPlan, new_run: bool) -> int:
-    """The run's folder, taken, and its lock held; how many ids of this second a new run found taken (its id then
-    gets -N)."""
+    """The run's folder, taken and locked; how many ids of this second were taken (its id then gets -N)."""
     base, taken = plan.run_id, 0
     with private_files():
         try:
@@ -86,8 +85,7 @@ def claim_run_dir(plan: LaunchPlan, new_run: bool) -> int:
 
 
 def lock_run(run_id: str, path: str) -> None:
-    """Holds the lock on PATH until this process and those it starts have ended (they inherit its descriptor, left
-    open), and notes who holds it."""
+    """Holds PATH's lock until this process and its children end (they inherit its descriptor); notes the holder."""
     with private_files():
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     os.set_inheritable(fd, True)
