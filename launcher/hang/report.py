@@ -1,20 +1,10 @@
 """srun.sh's hang report: before any rank is stopped, ask every rank for its Python stacks and torch's flight
-recorder (SIGUSR2, answered by launcher/hang/dumps.py), then write RUN_DIR/hang-report.txt: which ranks are not in
-the collective that the others wait in, on which host, and the top frames of every rank; a hang at start (ranks
-that never joined torch.distributed) and a rank stuck in torch.distributed's teardown after an error are named as
-such. The console gets three lines; the first names the ranks that did not answer, where any did not.
+recorder (SIGUSR2), then write RUN_DIR/hang-report.txt and say three lines on the console (docs/health.md).
 
     python3 launcher/hang/report.py RUN_DIR --why TEXT --world-size N --nodes HOST,... --ranks-per-node G
                                     (--step JOB.STEP | --local) [--stalled]
 
---step signals the job step with `scancel --signal=USR2` (every process of it: only the rank answers); --local
-signals the pids that the ranks registered (each checked against its process start time). Runs on the launching host
-with the standard library only (the flight recorder's records are plain pickles); torch's own analysis,
-`torchfrtrace`, is added when this Python has torch and the records are NCCL's.
-
-What a report may blame: a stop (not --stalled) of a job that was progressing blames nothing, nor does a collective
-entered less than the longest step so far before the ranks were asked; a stop before a step time is known blames only
-what is older than the hang watch's limit then. A hang at start is ranks that never joined torch.distributed.
+--step signals the job step with `scancel --signal=USR2`; --local signals the pids that the ranks registered.
 """
 
 import argparse
@@ -129,9 +119,6 @@ def start_hang(ranks: dict[int, Rank]) -> tuple[list[Rank], list[Rank]] | None:
         elif rank.answer is not None or rank.registered is None:
             never.append(rank)
     return (waiting, never) if never or waiting else None
-
-
-# ---- The console's three lines -------------------------------------------------------------------------------------
 
 
 def summary(
@@ -267,9 +254,6 @@ def ranks_phrase(ranks: Iterable[int], verb: str = "") -> str:
 def ranks_list(ranks: list[Rank], found: list[Collective], limit: int = 3) -> str:
     shown = [f"{rank.where()}: {whereabouts(rank, found)}" for rank in ranks[:limit]]
     return "; ".join(shown) + (f"; and {len(ranks) - limit} more" if len(ranks) > limit else "")
-
-
-# ---- RUN_DIR/hang-report.txt ---------------------------------------------------------------------------------------
 
 
 def report_text(

@@ -1,12 +1,9 @@
-"""srun.sh's health check, on the launching host: run the check's launch (every rank runs launcher/health.py), stop
-it when a rank is stuck in a part past its deadline, and turn the ranks' records into one table on the console and
-RUN_DIR/health.json: node, ranks, each figure, a verdict (judge.py), and every outlier named with what to do.
+"""srun.sh's health check, on the launching host: run the check's launch, stop it when a rank is stuck in a part
+past its deadline, and judge the ranks' records into one table on stdout and RUN_DIR/health.json (docs/health.md).
 
     python3 launcher/health/report.py RUN_DIR --timeout S --nodes HOST,... --ranks-per-node G -- LAUNCH...
 
-The table goes to stdout. Exit status 0 when every node passes, 1 otherwise; RUN_DIR/health/failed-nodes then lists
-the nodes to exclude (a batch job with SRUNSH_HEALTH=1 excludes them before it requeues itself). run() is the same,
-for a caller that imports it. Standard library only.
+Exit status 0 when every node passes, 1 otherwise; RUN_DIR/health/failed-nodes then lists the nodes to exclude.
 """
 
 from __future__ import annotations
