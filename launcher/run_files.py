@@ -43,8 +43,7 @@ def write_private(path: Path, text: str) -> None:
 
 
 def remove_all(paths: Iterable[Path]) -> None:
-    """Unlinks, many at a time: each waits for the file system (1-3 ms on a local ext4, more on a shared one), and a
-    job of 4,096 ranks leaves thousands of files a kind."""
+    """Unlinks, many at a time: each waits for the file system, and 4,096 ranks leave thousands of files a kind."""
     with ThreadPoolExecutor(UNLINKS_AT_ONCE) as unlinks:
         list(unlinks.map(lambda path: path.unlink(missing_ok=True), paths))
 

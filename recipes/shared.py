@@ -23,8 +23,7 @@ DISPATCHERS = ("allgather", "alltoall", "flex", "deepep")
 
 
 def from_hf(upstream: Callable[[], ConfigContainer], hub_id: str, hf_path: str | None) -> ConfigContainer:
-    """Build an upstream recipe; with hf_path, its architecture (and starting weights, if present) come from there
-    instead of the Hugging Face hub's `hub_id`."""
+    """Build an upstream recipe; with hf_path, its architecture (and weights, if any) come from there, not `hub_id`."""
     if hf_path is None:
         return upstream()
     local_dir = Path(hf_path)

@@ -138,8 +138,7 @@ def signal_local(registered: dict[int, dict]) -> str | None:
 
 
 def ask(hang: Path, step: str | None, ended: set[int], before: dict[int, int]) -> float:
-    """SIGUSR2 to the job step `step` (None: to each registered rank), then the wait for the answers of the ranks
-    that had not ended; when they were asked. `before`: each rank's stacks size before the request."""
+    """SIGUSR2 to job step `step` (None: each registered rank), then the wait for ranks not ended; the time asked."""
     registered = registered_ranks(hang)
     forget_earlier_answers(hang)
     asked = time.time()
@@ -192,8 +191,7 @@ def read_dump(hang: Path, answer: dict | None) -> dict | None:
 
 
 def gather(run_dir: Path, world: int, host_of: list[str], before: dict[int, int], ended: dict[int, str]) -> dict:
-    """Every rank's records; `before`: the size of its stacks file before the request (what came earlier is an
-    earlier report's), `ended`: how the ranks that had ended did."""
+    """Every rank's records; `before`: its stacks file's size before the request, `ended`: how ended ranks did."""
     hang = run_dir / "hang"
     registered = registered_ranks(hang)
     ranks = {}

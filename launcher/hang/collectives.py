@@ -79,10 +79,8 @@ def group_records(dump: dict) -> dict[str, dict]:
 
 
 def kept_entries(dump: dict) -> list[dict]:
-    """The entries a summary keeps, in their order: those of a group with a status that it has not completed; the
-    first of each group name (its description) and the last of each group id (the name of its status); the last
-    with a start time of each group name (whether NCCL times starts); the last of each operation (whose records these
-    are)."""
+    """The entries a summary keeps, in order: a status-holding group's not completed; the first of each group name and
+    last of each group id; the last with a start time of each group name; the last of each operation."""
     entries = dump.get("entries", [])
     completed = {name: group["completed"] for name, group in group_records(dump).items()}
     statuses = {str(pg_id) for pg_id in dump.get("pg_status", {})}
@@ -195,9 +193,8 @@ def oldest_open(
 
 
 def evidence(found: list[Collective], least_s: float | None) -> list[Collective]:
-    """The collectives that say something: one its first rank entered less than `least_s` (the longest step so far;
-    at a stop before a step time is known, the hang watch's limit) before it was asked is ordinary work, whatever the
-    others do. None: every one."""
+    """The collectives that say something: one entered less than `least_s` (the longest step; before one is
+    known, the watch's limit) before it was asked is ordinary work. None: every one."""
     return found if least_s is None else [c for c in found if c.entered_s is None or c.entered_s >= least_s]
 
 

@@ -216,9 +216,8 @@ class Check:
     def collectives(
         self, prefix: str, ranks: list[int] | None, group: object, extra: dict[str, Any], retest: bool = False
     ) -> dict[str, float]:
-        """`prefix`.all_reduce, then `prefix`.broadcast, among `ranks` (group None: the world); ranks None: this rank
-        sits the part out, but joins its barriers. A retest measures the largest size only, RETEST_SAMPLES times.
-        Returns {op: the median at the largest size, "op best": the best sample there}."""
+        """`prefix`.all_reduce and .broadcast among `ranks` (None: sit out but join the barriers; group None: world);
+        a retest measures the largest size only. Returns {op: the median at the largest size, "op best": its best}."""
         sizes, count = (self.sizes[-1:], RETEST_SAMPLES) if retest else (self.sizes, SAMPLES)
         largest = {}
         for op in ("all_reduce", "broadcast"):
@@ -255,9 +254,8 @@ class Check:
         return made[groups.index(own)] if own else None
 
     def retests(self, nodes: list[list[int]], hosts: list[str], mine: int, measured: dict) -> None:
-        """The retests of the suspects, as every rank plans them from the job's pair figures, {op, or "op best": {pair
-        of nodes: figure}} from every rank's own pairs: a pair's figure is its slowest member's. A capped link shows in
-        its best samples even when noise drags the others' medians."""
+        """The suspects' retests, planned alike on every rank from all pair figures ({op or "op best": {pair: figure}}):
+        a pair's figure is its slowest member's; a capped link shows in its best samples while noise drags medians."""
         gathered: list[Any] = [None] * self.dist.get_world_size()
         self.dist.all_gather_object(gathered, measured)
         figures: dict[str, dict[Pair, float]] = {}

@@ -230,8 +230,7 @@ def noise_chance(own: list[float], reference: list[float]) -> float:
 
 
 def judge_links(nodes: dict[str, Node], records: dict[int, dict]) -> None:
-    """A node whose retests were measured is judged on them (judge_link). One not retested whose best pair is more
-    than 10% below the nodes' median is suspect."""
+    """A retested node is judged on its retests (judge_link); one with its best pair >10% below the median: suspect."""
     measured = retests(records)
     for key, _, name in LINK_FIGURES[2:]:
         op = key.split(".")[1]

@@ -92,8 +92,7 @@ def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: st
 
 
 def plan_start(plan: LaunchPlan) -> tuple[str, str]:
-    """The container this launch's steps share (empty: none), and the header's line on how its steps start; a shared
-    one becomes the steps' --container-name."""
+    """The container this launch's steps share (empty: none; else their --container-name), and the header's line."""
     if not plan.container:  # --local has none either
         return "", ""
     name, steps = plan.container_name, 2 if plan.health and not plan.health_only else 1

@@ -71,8 +71,7 @@ def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool)
 
 
 def report(run_dir: Path, log_start: int, local: bool) -> int | None:
-    """The report; the status srun.sh exits with (the first failed rank's; 2 for the error every rank found), or None
-    when no rank ended."""
+    """The report; srun.sh's exit status (the first failed rank's; 2: every rank's error), or None if no rank ended."""
     logs = run_dir / "logs"
     usage_error = logs / "usage-error"
     if usage_error.is_file() and usage_error.stat().st_size:

@@ -107,8 +107,7 @@ def lock_run(run_id: str, path: str) -> None:
 
 
 def resolve_job(plan: LaunchPlan, knobs: Knobs) -> bool:
-    """The job facts every rank shares, into PLAN: the run and the nodes, with MASTER_ADDR. Whether the launch resumes
-    an earlier run. Nothing is written yet (take_run)."""
+    """The job facts every rank shares into PLAN (run, nodes, MASTER_ADDR); whether it resumes a run. Writes nothing."""
     plan.run_id = name_run(knobs["SRUNSH_RUN_ID"], plan.local)
     plan.hosts, plan.master_addr = resolve_hosts(plan.local, knobs["MASTER_ADDR"])
     return bool(knobs["SRUNSH_RUN_ID"]) and os.path.isdir(plan.run_dir)
