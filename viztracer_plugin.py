@@ -110,7 +110,10 @@ class WindowTracer:
         if self.writer is None:
             return
         pid, tracer = self.writer
-        code = writer_exit_code(pid, WRITER_DEADLINE_S if wait else 0.0)
+        deadline = time.monotonic() + (WRITER_DEADLINE_S if wait else 0.0)
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code = os.waitstatus_to_exitcode(ended[1]) if ended[0] else None  # negative: the signal that ended it
         if code is None and not wait:
             return
         path = tracer.output_file
@@ -184,16 +187,6 @@ def fork_writer(tracer: VizTracer) -> int:
             os._exit(status)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return pid
-
-
-def writer_exit_code(pid: int, timeout_s: float) -> int | None:
-    """The writer's exit code (negative: the signal that ended it), or None while it still runs after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
-    return os.waitstatus_to_exitcode(ended[1])
 
 
 def release(tracer: VizTracer) -> None:

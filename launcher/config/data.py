@@ -110,7 +110,13 @@ def check_dataset(prefix: str, vocab_size: int, tokenizer: object) -> IndexedDat
     bin_path, idx_path = Path(get_bin_path(prefix)), Path(get_idx_path(prefix))
     if not (bin_path.is_file() and idx_path.is_file()):
         raise UsageError(missing(prefix, bin_path, idx_path))
-    index = read_index(prefix, idx_path)
+    try:
+        index = IndexedDataset(prefix, mmap=False)  # the index only: its .bin is not mapped now
+    except UNREADABLE as error:
+        raise UsageError(
+            f"{idx_path} is not an index megatron-core can read ({type(error).__name__}: {first_line(error)}):"
+            f" prepare {prefix} again with {PREPARE}"
+        ) from None
     check_sizes(prefix, index, bin_path, idx_path)
     check_token_ids(prefix, index, vocab_size, tokenizer)
     return index
@@ -131,17 +137,6 @@ def missing(prefix: str, bin_path: Path, idx_path: Path) -> str:
         f"data path {prefix} has no {bin_path.name} and {idx_path.name}{where}: give the prefix of a prepared dataset"
         f" (PREFIX.bin + PREFIX.idx), or prepare it with {PREPARE} --output-prefix {prefix}"
     )
-
-
-def read_index(prefix: str, idx_path: Path) -> IndexedDataset:
-    """The dataset as megatron-core reads it, without mapping its .bin (only the index is read now)."""
-    try:
-        return IndexedDataset(prefix, mmap=False)
-    except UNREADABLE as error:
-        raise UsageError(
-            f"{idx_path} is not an index megatron-core can read ({type(error).__name__}: {first_line(error)}):"
-            f" prepare {prefix} again with {PREPARE}"
-        ) from None
 
 
 def check_sizes(prefix: str, index: IndexedDataset, bin_path: Path, idx_path: Path) -> None:

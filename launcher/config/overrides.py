@@ -36,7 +36,10 @@ def configured(recipe: ModuleType, overrides: list[Override], run_dir: Path) -> 
     """The recipe's config with every override applied, and what each override set (by key, for the log)."""
     kwargs, config_overrides = split_for_configure(recipe.configure, overrides)
     cfg = build_config(recipe, kwargs)
-    add_sections(cfg, config_overrides)
+    for override in config_overrides:  # a SECTIONS field set where the recipe left its section None: the defaults
+        name, dot, _ = override.key_or_group.partition(".")
+        if name in SECTIONS and dot and getattr(cfg, name) is None:
+            setattr(cfg, name, SECTIONS[name]())
     outputs.place_outputs(cfg, run_dir)
     config_overrides, preset = choose_preset(cfg, config_overrides)
     applied = {**kwargs, **preset, **apply(cfg, config_overrides)}
@@ -60,16 +63,11 @@ def typed_value(override: Override) -> str:
     return override.input_line.split("=", 1)[1].strip()
 
 
-def takes_text_only(annotation: Any) -> bool:
-    """A field for which a sweep can only mean the text typed (typing's Optional[str] is equal to str | None)."""
-    return annotation in (str, str | None)
-
-
 def as_text(override: Override, annotation: Any) -> Override:
     """A sweep for a field that takes only a string, as the string typed; any other sweep is refused."""
     if not override.is_sweep_override():
         return override
-    if not takes_text_only(annotation):
+    if annotation not in (str, str | None):  # typing's Optional[str] is equal to str | None
         raise UsageError(sweep_refusal(override, annotation))
     (text,) = OverridesParser.create().parse_overrides([f"{override.key_or_group}='{typed_value(override)}'"])
     return text
@@ -114,15 +112,6 @@ def build_config(recipe: ModuleType, kwargs: dict[str, Any]) -> ConfigContainer:
         raise UsageError(f"recipe {name}: configure() returned {type(cfg).__name__}, not a ConfigContainer")
     viztracer_plugin.add_viztracer_field(cfg)
     return cfg
-
-
-def add_sections(cfg: ConfigContainer, overrides: list[Override]) -> None:
-    """Each section of SECTIONS that an override sets a field of, with its defaults, where the recipe left it None
-    (`inprocess_restart.enabled=true` on a recipe without in-process restart)."""
-    for override in overrides:
-        name, dot, _ = override.key_or_group.partition(".")
-        if name in SECTIONS and dot and getattr(cfg, name) is None:
-            setattr(cfg, name, SECTIONS[name]())
 
 
 def choose_preset(cfg: ConfigContainer, overrides: list[Override]) -> tuple[list[Override], dict[str, Any]]:

@@ -38,8 +38,7 @@ class RankRecord(dict):
 
 
 def read_records(health: Path, world: int, known: Records | None = None) -> Records:
-    """Every rank's record; a finished one in `known` is not read again (a poll of 4,096 files on a shared file
-    system is not free)."""
+    """Every rank's record; a finished one in `known` is not read again (a poll of 4,096 files on a shared FS costs)."""
     records = {rank: record for rank, record in (known or {}).items() if record["finished"]}
     for rank in (rank for rank in range(world) if rank not in records):
         with contextlib.suppress(OSError, ValueError):  # not written yet, or being replaced: the next poll reads it
@@ -79,8 +78,7 @@ def supervise(process: subprocess.Popen, health: Path, world: int, timeout: floa
 
 
 def stop(process: subprocess.Popen, finishing: bool) -> None:
-    """SIGTERM to the launch (srun passes it to every rank, then SIGKILL after KillWait; torchrun likewise), unless
-    its ranks have finished and it ends by itself."""
+    """SIGTERM to the launch (srun passes it on, SIGKILL after KillWait; torchrun too), unless it ends by itself."""
     if finishing:
         with contextlib.suppress(subprocess.TimeoutExpired):  # stopped below
             process.wait(timeout=STOP_GRACE_S)
@@ -94,8 +92,7 @@ def stop(process: subprocess.Popen, finishing: bool) -> None:
 
 
 def launch(command: list[str], health: Path, world: int, timeout: float) -> tuple[str, list[int], Records]:
-    """Runs the launch to its outcome (stopped: srun.sh got a stop signal); the ranks past a deadline, and the records
-    read last (the finished ones need no second read)."""
+    """The launch's outcome (stopped: srun.sh got a stop signal), the ranks past a deadline and the last records."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.default_int_handler)  # each raises KeyboardInterrupt, as Ctrl-C does
     process = subprocess.Popen(command)
@@ -151,10 +148,6 @@ def console(run: Run, nodes: list[Node], job: str) -> list[str]:
             lines.append(f"srun.sh: {node.host}:   {what}: {'; '.join(samples)}")
     if job:
         lines.append(f"srun.sh: the job: {job}")
-    return [*lines, verdict_line(run, nodes, job)]
-
-
-def verdict_line(run: Run, nodes: list[Node], job: str) -> str:
     failed = [node.host for node in nodes if node.failed]
     if failed:
         hosts = ",".join(failed)
@@ -165,7 +158,7 @@ def verdict_line(run: Run, nodes: list[Node], job: str) -> str:
         suspect = [node.host for node in nodes if node.verdict == "suspect"]
         but = f", {','.join(suspect)} suspect (not excluded: run the check again)" if suspect else ""
         verdict = f"passed on all {len(nodes)} node(s){but}"
-    return f"srun.sh: health check {verdict}; {run.run_dir / HEALTH_JSON}"
+    return [*lines, f"srun.sh: health check {verdict}; {run.run_dir / HEALTH_JSON}"]
 
 
 def write_results(run: Run, nodes: list[Node], job: str) -> bool:
