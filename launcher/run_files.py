@@ -35,7 +35,6 @@ def private_files() -> Iterator[None]:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write a file that only its owner can read."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(descriptor, 0o600)  # a file a resumed run wrote before keeps its mode otherwise
     with open(descriptor, "w") as file:

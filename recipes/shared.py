@@ -1,9 +1,5 @@
-"""Switches every recipe shares, ours or a user's: offline Hugging Face models (from_hf), and the MoE dispatcher,
-Megatron FSDP and the data to train on (apply_switches; mock data unless data_paths names prepared datasets).
-
-`entrypoint.py` passes the matching `NAME=VALUE` arguments to the recipe's `configure()`, which hands them on here. Each
-switch raises ValueError with a message a user can act on.
-"""
+"""Switches every recipe shares, ours or a user's, each a configure() keyword entrypoint.py passes on: offline Hugging
+Face models (from_hf), the MoE dispatcher, Megatron FSDP and the data (apply_switches); docs/checks.md."""
 
 from __future__ import annotations
 

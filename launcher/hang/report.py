@@ -140,7 +140,6 @@ def summary(
 
 
 def findings(ranks: dict[int, Rank], found: list[Collective], head: str) -> list[str]:
-    """What the records say, in two lines."""
     first, second = hang_at_start(ranks, found) or in_collective(ranks, found) or elsewhere(ranks)
     return [f"{head} {first}", f"srun.sh:   {second}"]
 
@@ -195,7 +194,6 @@ def elsewhere(ranks: dict[int, Rank]) -> tuple[str, str]:
 
 
 def answered_by_host(ranks: dict[int, Rank]) -> dict[str, list[int]]:
-    """The ranks whose stacks or answer came, by host."""
     answered: dict[str, list[int]] = {}
     for rank in ranks.values():
         if not rank.silent():

@@ -149,8 +149,6 @@ def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[t
 
 
 class Check:
-    """The parts of the check on this rank, in order."""
-
     def __init__(self, record: Record, rank: int, local_rank: int) -> None:
         import torch
         import torch.distributed as dist

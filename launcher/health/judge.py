@@ -148,12 +148,21 @@ def gpu_results(records: dict[int, dict], ranks: list[int]) -> dict[int, dict]:
 
 
 def fill_figures(node: Node, records: dict[int, dict]) -> None:
-    """The node's figures: its worst GPU's, its own collectives', its best pair's (a bad partner drags only itself)."""
+    """The node's figures: its worst GPU's, its own collectives', its best pair's (a bad partner drags only itself);
+    a GPU that its rank cannot see, or that two ranks share, fails the node."""
     ranks = [rank for rank in node.ranks if rank in records]
     gpu = gpu_results(records, ranks)
     applicable = [rank for rank in ranks if gpu[rank].get("applicable")]
     if applicable:
         node.gpus = f"{len(applicable)}/{len(node.ranks)}"
+    uuids: dict[str, int] = {}
+    for rank in applicable:
+        result = gpu[rank]
+        if result["visible"] <= result["device"]:
+            node.fail("fail", f"rank {rank} sees {result['visible']} GPU(s), none for local rank {result['device']}")
+        if result["uuid"] in uuids:
+            node.fail("fail", f"ranks {uuids[result['uuid']]} and {rank} share one GPU ({result['uuid']})")
+        uuids[result["uuid"]] = rank
     for key, _, _ in GPU_FIGURES:
         values = [(gpu[rank][key], rank) for rank in applicable if key in gpu[rank]]
         if values:
@@ -164,18 +173,6 @@ def fill_figures(node: Node, records: dict[int, dict]) -> None:
         pairs = sorted({p for r in ranks for p in records[r]["results"] if p.startswith("pair.") and p.endswith(op)})
         measured = [link(records, ranks, pair)[:2] for pair in pairs]
         node.figures[f"pair.{op}"], node.best[f"pair.{op}"] = max(measured, default=(None, None))
-
-
-def check_gpus(node: Node, records: dict[int, dict]) -> None:
-    uuids: dict[str, int] = {}
-    for rank, result in gpu_results(records, node.ranks).items():
-        if not result.get("applicable"):
-            continue
-        if result["visible"] <= result["device"]:
-            node.fail("fail", f"rank {rank} sees {result['visible']} GPU(s), none for local rank {result['device']}")
-        if result["uuid"] in uuids:
-            node.fail("fail", f"ranks {uuids[result['uuid']]} and {rank} share one GPU ({result['uuid']})")
-        uuids[result["uuid"]] = rank
 
 
 def outliers(measured: dict) -> dict:
@@ -333,7 +330,6 @@ def judge(run: Run) -> tuple[list[Node], str]:
     nodes = {host: Node(host, layout.ranks(host)) for host in layout.hosts}
     for node in nodes.values():
         fill_figures(node, records)
-        check_gpus(node, records)
     for rank, record in sorted(records.items()):
         if record.get("error"):
             reason = f"rank {rank}: {describe(record['part'] or 'start')}: {record['error']}"

@@ -1,6 +1,5 @@
-"""How pyxis starts this launch's container steps, and the container a launch of several of them (the health check,
-then training) shares, so that pyxis unpacks the image once and not at every step; unless use_squashfuse=1 starts
-unnamed steps without an unpack, or the user named a container (docs/containers.md says what each costs)."""
+"""How pyxis starts this launch's container steps, and the container several steps of a launch share, so that pyxis
+unpacks the image once (docs/containers.md, "In the code", and what each way costs)."""
 
 from __future__ import annotations
 

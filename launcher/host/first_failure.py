@@ -45,15 +45,6 @@ def launch_notes(log: Path, start: int, local: bool) -> list[bytes]:
     return lines if local else list(dict.fromkeys(lines))
 
 
-def report_launcher_notes(notes: list[bytes], log: Path, local: bool) -> None:
-    """No rank ended (none started, or none could record its end): the end of what srun or torchrun said, which holds
-    the cause (a container pyxis could not create, a step SLURM refused, a SRUNSH_PYTHON without torch)."""
-    said = [line for line in notes if not TASK_EXIT.search(line)][-LINES_SHOWN:]
-    if said:
-        say(f"srun.sh: the launch failed before any rank started; {'torchrun' if local else 'srun'} said ({log}):")
-        sys.stderr.buffer.write(indented(said))
-
-
 def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool) -> None:
     """Every rank that ended was stopped by a signal that srun.sh did not send (scancel, a revoked allocation,
     preemption, a time limit): say so, with what SLURM said, instead of naming a stopped rank as the failure."""
@@ -79,8 +70,11 @@ def report(run_dir: Path, log_start: int, local: bool) -> int | None:
         return 2
     ends = rank_ends(logs)
     notes = launch_notes(logs / "launcher.log", log_start, local)
-    if not ends:
-        report_launcher_notes(notes, logs / "launcher.log", local)
+    if not ends:  # none started, or none could record its end: what srun or torchrun said holds the cause
+        if said := [line for line in notes if not TASK_EXIT.search(line)][-LINES_SHOWN:]:
+            launcher = "torchrun" if local else "srun"
+            say(f"srun.sh: the launch failed before any rank started; {launcher} said ({logs / 'launcher.log'}):")
+            sys.stderr.buffer.write(indented(said))
         return None
     first = ends[0]
     failed = f"srun.sh: rank {first.rank} on {first.host} failed first, with exit status {first.status}"

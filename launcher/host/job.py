@@ -1,6 +1,5 @@
-"""The job a launch runs as: its nodes, its run (id, folder, lock) and its rendezvous address and port. A new run
-takes its id by creating its folder, atomic on shared file systems too, and a launch holds its run's lock (flock) while
-it runs, so that launches started together never share a run (docs/launch.md, "Each launch takes a run of its own")."""
+"""The job a launch runs as: its nodes, its run (id, folder, lock) and its rendezvous address and port (docs/launch.md,
+"Each launch takes a run of its own"; "In the code")."""
 
 from __future__ import annotations
 

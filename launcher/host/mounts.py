@@ -26,8 +26,6 @@ def holds(point: str, path: str) -> bool:
 
 @dataclasses.dataclass
 class Mount:
-    """One SRUNSH_MOUNT entry."""
-
     src: str
     dst: str
     flags: str
