@@ -45,8 +45,7 @@ def from_hf(upstream: Callable[[], ConfigContainer], hub_id: str, hf_path: str |
 
 @contextmanager
 def hub_id_served_from(hub_id: str, local_dir: Path) -> Iterator[list[AutoBridge]]:
-    """While active, AutoBridge.from_hf_pretrained(hub_id) reads local_dir instead of the hub; yields the bridges built
-    (the one way to read an upstream recipe's architecture offline: docs/checks.md)."""
+    """While active, AutoBridge.from_hf_pretrained(hub_id) reads local_dir; yields bridges built (docs/checks.md)."""
     from megatron.bridge import AutoBridge  # Hugging Face conversion imports every model bridge: only with hf_path
 
     original = AutoBridge.__dict__["from_hf_pretrained"]
@@ -64,8 +63,7 @@ def hub_id_served_from(hub_id: str, local_dir: Path) -> Iterator[list[AutoBridge
 
 
 def use_local_tokenizer(cfg: ConfigContainer, local_dir: Path) -> None:
-    """The hub model's tokenizer from local_dir, or the null tokenizer if it has none: mock data needs only a
-    vocabulary size; real data needs the model's tokenizer files next to config.json."""
+    """The hub model's tokenizer from local_dir, else the null tokenizer (mock data needs only a vocabulary size)."""
     cfg.tokenizer.hf_tokenizer_kwargs = {}
     if has_tokenizer(local_dir):
         cfg.tokenizer.tokenizer_model = str(local_dir)
@@ -106,8 +104,7 @@ def blend_list(data_paths: list[str | float] | str) -> list[str]:
 
 
 def set_data(cfg: ConfigContainer, data_paths: DataPaths, tokenizer_path: str | None, hf_path: str | None) -> None:
-    """Train on the indexed datasets of data_paths instead of mock data, with tokenizer_path, else hf_path's tokenizer
-    (docs/data.md)."""
+    """Train on data_paths' indexed datasets, not mock data, with tokenizer_path or hf_path's (docs/data.md)."""
     if tokenizer_path is None and data_paths is not None and hf_path is not None and has_tokenizer(Path(hf_path)):
         tokenizer_path = hf_path
     if tokenizer_path is not None:

@@ -115,8 +115,7 @@ def build_config(recipe: ModuleType, kwargs: dict[str, Any]) -> ConfigContainer:
 
 
 def choose_preset(cfg: ConfigContainer, overrides: list[Override]) -> tuple[list[Override], dict[str, Any]]:
-    """Apply `mixed_precision=NAME` and resolve the preset into its MixedPrecisionConfig (a misspelt one refused);
-    returns the other overrides and the chosen preset (empty: the recipe's)."""
+    """Resolve the preset, `mixed_precision=NAME` applied (misspelt: refused); the other overrides, the one chosen."""
     applied: dict[str, Any] = {}
     for choice in filter(is_preset_choice, overrides):  # one at most: grammar.parse refuses a key given twice
         cfg.mixed_precision = applied[PRESET] = choice.value()

@@ -142,8 +142,7 @@ class Collective:
 
 
 def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
-    """Each process group's oldest collective not every member completed: those with members outside it first, then
-    those the most ranks wait in."""
+    """Each group's oldest collective not all members completed; with members outside it first, then most waited in."""
     records = {number: group_records(rank.dump) for number, rank in ranks.items() if rank.dump is not None}
     holders: dict[str, dict[int, dict]] = {}  # each group's records, by the rank they are of
     for number, groups in records.items():

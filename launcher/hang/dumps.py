@@ -102,8 +102,7 @@ def dump_flight_recorder(path: Path, backend: str) -> dict[str, str]:
 
 
 def record_flight_recorder(path: Path, data: bytes) -> dict[str, Any]:
-    """torch's record DATA into PATH, as torch pickled it; the answer's fields: its name and its summary (none for a
-    record this code cannot read: the report then reads the file)."""
+    """DATA into PATH as torch pickled it; the answer's fields: its name, and its summary where this code reads it."""
     progress.replace_file(path, data)
     fields: dict[str, Any] = {"flight_recorder": path.name}
     with contextlib.suppress(pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError):

@@ -220,8 +220,7 @@ def orders_at_most(low: int, high: int, inverted: int) -> int:
 
 
 def noise_chance(own: list[float], reference: list[float]) -> float:
-    """The chance that alike measurements rank `own` at least this far below `reference` (exact one-sided Mann-Whitney;
-    a tie counts against the verdict)."""
+    """Chance that noise ranks `own` this far below `reference` (exact one-sided Mann-Whitney; a tie counts against)."""
     inverted = sum(a >= b for a in own for b in reference)
     return orders_at_most(len(own), len(reference), inverted) / math.comb(len(own) + len(reference), len(own))
 

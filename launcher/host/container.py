@@ -36,8 +36,7 @@ class Pyxis:
 
 
 def plugstack_lines(path: Path, depth: int = 0) -> list[list[str]]:
-    """The words of every plugin line of PATH and of the files its `include` lines name (globs, as SLURM reads them; a
-    relative one from the including file's folder). Raises OSError when PATH cannot be read."""
+    """Words of PATH's plugin lines and of its `include`d files (globs, as SLURM reads them); OSError if unreadable."""
     lines = []
     for line in path.read_text().splitlines():
         words = line.partition("#")[0].split()
