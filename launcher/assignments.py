@@ -1,5 +1,4 @@
-"""The launch's arguments after the recipe, read as assignments (`NAME=VALUE` sets NAME, `~NAME` deletes it): the one
-reading the launching host and every rank share; standard library only."""
+"""The launch's arguments as assignments (NAME=VALUE, ~NAME), read alike on the launching host and every rank."""
 
 import dataclasses
 

@@ -1,5 +1,4 @@
-"""The data a run trains on, checked where the ranks will read it, before any of them joins the job; each failure is a
-one-line UsageError (docs/data.md)."""
+"""The data a run trains on, checked where the ranks read it, before any joins the job (docs/data.md)."""
 
 import os
 from pathlib import Path

@@ -1,5 +1,4 @@
-"""The launch's NAME=VALUE arguments read in Hydra's override grammar, each also an assignment as the launching host
-reads it (launcher/assignments.py); docs/launch.md, "In the code"."""
+"""The launch's NAME=VALUE arguments in Hydra's override grammar, each also an assignment (docs/launch.md)."""
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override

@@ -1,5 +1,4 @@
-"""The recipe's config as the command line sets it: configure() with the overrides named like its parameters, then
-outputs, the mixed-precision preset and the other overrides; what is refused: docs/launch.md, "In the code"."""
+"""The recipe's config as the command line sets it, and what is refused (docs/launch.md, "In the code")."""
 
 import dataclasses
 import difflib

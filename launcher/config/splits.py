@@ -1,5 +1,4 @@
-"""Which documents each train/valid/test split of the run's data gets, and whether megatron-core 0.19 can build it
-(docs/data.md, "In the code", says what it cannot build)."""
+"""Which documents each split of the run's data gets, and whether megatron-core 0.19 can build it (docs/data.md)."""
 
 import copy
 import dataclasses

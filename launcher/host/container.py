@@ -1,5 +1,4 @@
-"""How pyxis starts this launch's container steps, and the container several steps of a launch share, so that pyxis
-unpacks the image once (docs/containers.md, "In the code", and what each way costs)."""
+"""How pyxis starts this launch's container steps, and the container they share (docs/containers.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""srun.sh's report of a launch that ended badly, on stderr: the first failed rank, its host, status and log's end;
-or the error every rank found, what stopped them from outside, or what srun or torchrun said (docs/failures.md)."""
+"""srun.sh's report, on stderr, of a launch that ended badly (docs/failures.md, "In the code")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The job a launch runs as: its nodes, its run (id, folder, lock) and its rendezvous address and port (docs/launch.md,
-"Each launch takes a run of its own"; "In the code")."""
+"""The job a launch runs as: its nodes, its run (id, folder, lock), its rendezvous address and port (docs/launch.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Which mount holds a path: among SRUNSH_MOUNT's entries, and in this host's mount table, where SRUNSH_COMPILE_CACHE
-must not be on a shared file system (docs/launch.md, "Compiled kernels, kept on the node")."""
+"""Which mount holds a path: SRUNSH_MOUNT's entries, and this host's for SRUNSH_COMPILE_CACHE (docs/launch.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The launcher's own account of a launch: each line srun or torchrun print goes to RUN_DIR/logs/launcher.log, the
-console, or both (docs/launch.md, "In the code")."""
+"""Where each line srun or torchrun print goes: RUN_DIR/logs/launcher.log, the console, or both (docs/launch.md)."""
 
 import re
 from typing import BinaryIO

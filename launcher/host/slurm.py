@@ -1,5 +1,4 @@
-"""What the launching host asks SLURM and the network: the job's nodes and state, the launch's step, the cluster's
-settings, and the rendezvous address (docs/launch.md, "The master address"; "In the code")."""
+"""What the launching host asks SLURM and the network, the master address among it (docs/launch.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A rank whose training raised exits within GRACE_S, also when Megatron Bridge 0.6.2's clean-up after the error
-never returns (docs/failures.md, "In the code")."""
+"""A rank whose training raised exits within GRACE_S, even if the clean-up after the error hangs (docs/failures.md)."""
 
 import logging
 import os

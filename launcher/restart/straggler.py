@@ -1,5 +1,4 @@
-"""Straggler detection (nvrx_straggler.enabled=true) made visible: RUN_DIR/stragglers.log and one console line
-a straggler (docs/failures.md, "Straggler detection")."""
+"""Straggler detection made visible: RUN_DIR/stragglers.log and a console line a straggler (docs/failures.md)."""
 
 import logging
 import re
