@@ -1,6 +1,5 @@
-"""`profiling.use_viztracer=true`: VizTracer beside Megatron Bridge's nsys and PyTorch profilers (docs/profiling.md).
-The one module that patches Megatron Bridge 0.6.2: it wraps train.py's handle_profiling_step and handle_profiling_stop;
-tests/test_viztracer_plugin.py fails if upstream renames or re-signs them."""
+"""`profiling.use_viztracer=true`: VizTracer beside nsys and the PyTorch profiler (docs/profiling.md); the one module
+that patches Megatron Bridge 0.6.2 (train.py's handle_profiling_step/stop: tests/test_viztracer_plugin.py pins them)."""
 
 import atexit
 import functools

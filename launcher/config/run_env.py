@@ -22,8 +22,7 @@ def set_cuda_device_max_connections(cfg: ConfigContainer) -> None:
 
 
 def disable_missing_gradient_accumulation_fusion(cfg: ConfigContainer) -> None:
-    """Megatron's non-TE linear layers (the output layer among them) fuse weight-gradient accumulation with APEX's
-    fused_weight_gradient_mlp_cuda; without APEX they refuse to build. TE layers fuse it themselves."""
+    """Megatron's non-TE linear layers fuse weight-gradient accumulation with APEX, and refuse to build without it."""
     if cfg.model.gradient_accumulation_fusion and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
         print("entrypoint.py: APEX is not installed; model.gradient_accumulation_fusion=false", file=sys.stderr)
         cfg.model.gradient_accumulation_fusion = False

@@ -59,8 +59,7 @@ def check_splits(cfg: ConfigContainer, blends: tuple[Blend | None, Blends], leng
 
 
 def sample_targets(cfg: ConfigContainer) -> list[int] | None:
-    """Megatron Bridge's sample target of each split, from a finalized copy of the training config (train_samples
-    becomes train_iters there); None where the training length is not known before the data is (num_epochs)."""
+    """Megatron Bridge's sample target of each split, from a finalized cfg.train copy; None when num_epochs sets it."""
     train = copy.copy(cfg.train)
     try:
         train.finalize()

@@ -108,8 +108,7 @@ REMOVE = """for c in "pyxis_$1" "pyxis_$2_$1"; do
 
 
 def remove(name: str, plan: LaunchPlan, log: Path) -> None:
-    """The launch's container off every node: one task a node, outside any container, runs enroot as pyxis does.
-    Removing an unpacked image takes as long as pyxis's own removal of an unnamed one (minutes for 6 GB)."""
+    """The launch's container off every node: a task a node runs enroot as pyxis does (minutes for 6 GB)."""
     nodes = str(len(plan.hosts))
     command = [
         *("srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap", "--mpi=none"),

@@ -45,8 +45,7 @@ def launch_notes(log: Path, start: int, local: bool) -> list[bytes]:
 
 
 def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool) -> None:
-    """Every rank that ended was stopped by a signal that srun.sh did not send (scancel, a revoked allocation,
-    preemption, a time limit): say so, with what SLURM said, instead of naming a stopped rank as the failure."""
+    """Every rank that ended was stopped from outside (scancel, preemption, a limit): say so, not a rank's failure."""
     cancelled = [found for line in notes if (found := CANCELLED.search(line))][:5]
     steps = [found.group(2) for found in cancelled if found.group(1) == b"STEP"]
     what = f"job step {os.fsdecode(steps[0])}" if steps else "every rank"

@@ -70,8 +70,7 @@ def mount_table(text: str) -> list[tuple[str, str]]:
 
 
 def file_system_type(path: str, table: list[tuple[str, str]]) -> str:
-    """The type of the file system that holds PATH (absolute, symlinks resolved), or would hold it once created:
-    the mount at the longest mount point above it, the last one mounted there."""
+    """The file system type holding PATH, or to hold it: the longest mount point above it, the last mounted there."""
     found, depth = "", -1
     for point, kind in table:
         if holds(point, path) and len(point) >= depth:
@@ -80,8 +79,7 @@ def file_system_type(path: str, table: list[tuple[str, str]]) -> str:
 
 
 def shared_file_system(directory: str, mounts_text: str) -> str:
-    """The type of the file system the nodes share that DIRECTORY is on, as MOUNTS_TEXT (this host's
-    /proc/self/mounts) places it; "" when it is on a disk of this host's own."""
+    """The shared file system type DIRECTORY is on, as MOUNTS_TEXT (/proc/self/mounts) places it; "" on a local disk."""
     kind = file_system_type(os.path.realpath(directory), mount_table(mounts_text))
     return kind if kind in SHARED_TYPES else ""
 
