@@ -1,5 +1,4 @@
-"""Asking the ranks for the hang report (SIGUSR2, answered by launcher/hang/dumps.py), and reading what they answered:
-their registrations, Python stacks, answers and flight recorder records, into one Rank each."""
+"""Asking the ranks for the hang report (SIGUSR2; dumps.py answers) and reading their records into one Rank each."""
 
 import contextlib
 import dataclasses
@@ -167,15 +166,6 @@ def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> N
             time.sleep(0.5)
 
 
-def read_stacks(path: Path, offset: int) -> str:
-    try:
-        with path.open("rb") as stacks:
-            stacks.seek(offset)
-            return stacks.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def read_dump(hang: Path, answer: dict | None) -> dict | None:
     """The summary of its flight recorder that a rank answered with, else the record itself (fr/rank-R)."""
     answer = answer or {}
@@ -199,7 +189,12 @@ def gather(run_dir: Path, world: int, host_of: list[str], before: dict[int, int]
         record = registered.get(number)
         host = record["host"] if record else host_of[number] if number < len(host_of) else "?"
         answer = read_json(hang / f"answer-rank-{number}.json")
-        text = read_stacks(hang / f"stacks-rank-{number}.txt", before.get(number, 0))
+        try:
+            with (hang / f"stacks-rank-{number}.txt").open("rb") as stacks:
+                stacks.seek(before.get(number, 0))
+                text = stacks.read().decode(errors="replace")
+        except OSError:
+            text = ""
         frames = main_thread_frames(text, record["main_thread"] if record else None)
         ranks[number] = Rank(number, host, record, answer, frames, read_dump(hang, answer), ended.get(number))
     return ranks
