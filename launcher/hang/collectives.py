@@ -1,5 +1,4 @@
-"""What torch's flight recorder records say: each process group's oldest collective that not every member completed,
-who is in it and who is not, and torch's own analysis; standard library only (docs/health.md, "In the code")."""
+"""What torch's flight recorder records say of collectives not completed; standard library only (docs/health.md)."""
 
 import dataclasses
 import functools

@@ -1,5 +1,4 @@
-"""What a rank writes into RUN_DIR/hang/ when srun.sh asks for a hang report (SIGUSR2); docs/health.md,
-"In the code", says which files, and why SIGUSR2 is blocked in the main thread."""
+"""What a rank writes into RUN_DIR/hang/ when srun.sh asks for a hang report (docs/health.md, "In the code")."""
 
 import contextlib
 import faulthandler

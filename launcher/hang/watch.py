@@ -1,5 +1,4 @@
-"""srun.sh's hang watch, a thread of the host supervisor: it writes RUN_DIR/hang/stalled.txt and calls back when no
-training step has completed for too long (docs/health.md, "In the code", says how long)."""
+"""srun.sh's hang watch: a supervisor thread that calls back when no step completed for too long (docs/health.md)."""
 
 import threading
 import time

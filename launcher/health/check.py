@@ -1,5 +1,4 @@
-"""One rank of srun.sh's health check, started as launcher/health.py exactly as a training rank is; it records each
-part in RUN_DIR/health/rank-R.json (docs/health.md, "In the code", lists the parts)."""
+"""One rank of srun.sh's health check, run as launcher/health.py as a training rank is (docs/health.md)."""
 
 import json
 import math

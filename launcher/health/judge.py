@@ -1,5 +1,4 @@
-"""The verdict on every node of a health check, from each rank's record and exit status (docs/health.md); standard
-library only."""
+"""Each node's health-check verdict from the ranks' records and exit statuses (docs/health.md); stdlib only."""
 
 from __future__ import annotations
 
@@ -299,8 +298,7 @@ def whereabouts(record: dict | None) -> str:
 
 
 def blame(run: Run, nodes: dict[str, Node]) -> str:
-    """Name who a hang is on: the members of a late rank's group that never reached its part, else the group; returns a
-    job-wide finding when no node is to blame."""
+    """Who a hang is on: a late rank's group members that never reached its part, else the group; job finding or ""."""
     records, layout, job = run.records, run.layout, ""
     for rank in run.late:
         part = records.get(rank, {}).get("part") or "start"

@@ -184,8 +184,7 @@ def write_results(run: Run, nodes: list[Node], job: str) -> bool:
 
 
 def run(run_dir: Path, timeout_s: float, nodes: list[str], ranks_per_node: int, launch_command: list[str]) -> int:
-    """The check: 0 when every node passed, 1 otherwise. SIGINT, SIGTERM and SIGHUP stop it while it runs, and are
-    ignored while it stops the launch and judges; the caller's handlers are back when it returns."""
+    """The check: 0 if every node passed, else 1. Stop signals end it while it runs, not as it judges; then restored."""
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     health = run_dir / "health"
     remove_tree(health)  # an earlier check's records
