@@ -144,8 +144,7 @@ class WindowTracer:
         self.restore_sigterm()
 
     def keep_sigterm(self) -> None:
-        """Our handler again, at each step while something is left to write: native code can set SIGTERM back to its
-        default action behind Python's back, and Python's record of the handler does not notice."""
+        """Our handler again at each step while a trace is pending: native code may reset SIGTERM unseen by Python."""
         if signal.getsignal(signal.SIGTERM) == self.save_then_terminate:
             signal.signal(signal.SIGTERM, self.save_then_terminate)
 

@@ -1,5 +1,4 @@
-"""Switches every recipe shares, ours or a user's, each a configure() keyword entrypoint.py passes on: offline Hugging
-Face models (from_hf), the MoE dispatcher, Megatron FSDP and the data (apply_switches); docs/checks.md."""
+"""Switches every recipe shares (from_hf, apply_switches): configure() keywords it hands on; docs/checks.md."""
 
 from __future__ import annotations
 
