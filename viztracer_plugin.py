@@ -1,12 +1,5 @@
-"""`profiling.use_viztracer=true`: VizTracer as a third profiler beside Megatron Bridge's nsys and PyTorch profilers.
-
-It traces the Python of the steps `profiling.profile_step_start` to `profiling.profile_step_end` on the ranks of
-`profiling.profile_ranks` (empty: all ranks), one JSON trace per rank and run in `$VIZTRACER_OUTPUT_DIR`.
-
-This is the one module that patches Megatron Bridge. It wraps, in megatron-bridge 0.6.2,
-`megatron.bridge.training.train.handle_profiling_step` and `handle_profiling_stop` (names train.py imports from
-`megatron.bridge.training.profiling`); tests/test_viztracer_plugin.py fails if upstream renames or re-signs them.
-"""
+"""`profiling.use_viztracer=true`: VizTracer beside nsys and the PyTorch profiler (docs/profiling.md); the one module
+that patches Megatron Bridge 0.6.2 (train.py's handle_profiling_step/stop: tests/test_viztracer_plugin.py pins them)."""
 
 import atexit
 import functools
@@ -74,16 +67,7 @@ def say(rank: int, what: str) -> None:
 
 
 class WindowTracer:
-    """One VizTracer over one profiling window of this process, written without stalling the other ranks.
-
-    At the window's end a forked child writes the trace while this rank goes on with the next step (written in this
-    process, a large trace holds the next step back: bench/results/viztracer-cost.md). The rank frees its trace
-    buffer only once the child has exited: freed while the child runs, each page would first be copied (copy-on-write).
-
-    SIGTERM inside the window (or while the writer runs) writes the trace, then ends the rank as the signal would
-    have. Once nothing is left to write, SIGTERM gets its default action back, so a rank stuck in native code (an NCCL
-    wait) dies of it at once again: a Python handler only runs when the interpreter gets control back.
-    """
+    """One VizTracer over one profiling window of this process, written by a forked child (docs/profiling.md)."""
 
     def __init__(self) -> None:
         self.tracer: VizTracer | None = None
@@ -121,12 +105,14 @@ class WindowTracer:
             self.writer = fork_writer(tracer), tracer
 
     def reap(self, wait: bool) -> None:
-        """Once the writer has exited: report how it ended and free the trace buffer. With wait, a writer still
-        running after WRITER_DEADLINE_S is killed."""
+        """Once the writer has exited: say how it ended, free the buffer; wait: kill it past WRITER_DEADLINE_S."""
         if self.writer is None:
             return
         pid, tracer = self.writer
-        code = writer_exit_code(pid, WRITER_DEADLINE_S if wait else 0.0)
+        deadline = time.monotonic() + (WRITER_DEADLINE_S if wait else 0.0)
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code = os.waitstatus_to_exitcode(ended[1]) if ended[0] else None  # negative: the signal that ended it
         if code is None and not wait:
             return
         path = tracer.output_file
@@ -158,8 +144,7 @@ class WindowTracer:
         self.restore_sigterm()
 
     def keep_sigterm(self) -> None:
-        """Our handler again, at each step while something is left to write: native code can set SIGTERM back to its
-        default action behind Python's back, and Python's record of the handler does not notice."""
+        """Our handler again at each step while a trace is pending: native code may reset SIGTERM unseen by Python."""
         if signal.getsignal(signal.SIGTERM) == self.save_then_terminate:
             signal.signal(signal.SIGTERM, self.save_then_terminate)
 
@@ -182,13 +167,7 @@ class WindowTracer:
 
 
 def fork_writer(tracer: VizTracer) -> int:
-    """Start the child that writes the stopped tracer's trace and then leaves without unwinding into the training loop
-    it was forked from; its pid.
-
-    Not VizTracer's fork_save(): it needs multiprocessing's "fork" start method, and its child starts with the rank's
-    signal handlers, so a stop signal would run the rank's handler in the writer, or end it, before the trace is
-    written. Here the stop signals are blocked across the fork and ignored in the child before it runs anything else.
-    """
+    """The child that writes the stopped tracer's trace, then leaves without unwinding into training; its pid."""
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     pid = os.fork()
     if pid == 0:
@@ -208,16 +187,6 @@ def fork_writer(tracer: VizTracer) -> int:
     return pid
 
 
-def writer_exit_code(pid: int, timeout_s: float) -> int | None:
-    """The writer's exit code (negative: the signal that ended it), or None while it still runs after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
-    return os.waitstatus_to_exitcode(ended[1])
-
-
 def release(tracer: VizTracer) -> None:
     # Free the trace buffer (and, with log_torch, the torch profiler) now rather than at interpreter shutdown.
     tracer.torch_profile = None
@@ -228,9 +197,7 @@ WINDOW = WindowTracer()
 
 
 def exit_traced_process(status: int) -> None:
-    """End a process that ran VizTracer: every atexit handler runs (trace writer joined, logs flushed), then the
-    process leaves without CPython's object teardown, in which VizTracer 1.1.1's C tracer crashes the interpreter
-    (exit 139 after a complete run)."""
+    """Every atexit handler, then an exit without CPython's teardown (VizTracer 1.1.1's C tracer crashes there)."""
     if WINDOW.used:
         atexit._run_exitfuncs()
         sys.stdout.flush()
@@ -239,8 +206,7 @@ def exit_traced_process(status: int) -> None:
 
 
 def install() -> None:
-    """Wrap Megatron Bridge's per-step profiling hooks so they also drive VizTracer and say where the window really
-    opens and closes, so that a user can match a report to its steps. Idempotent."""
+    """Wrap Megatron Bridge's per-step profiling hooks to drive VizTracer and say where the window opens and closes."""
     step_hook, stop_hook = (getattr(upstream_train, name) for name in PATCHED)
     if getattr(step_hook, "__wrapped__", None) is not None:
         return

@@ -1,9 +1,4 @@
-"""The launch's arguments after the recipe, read as assignments: `NAME=VALUE` sets NAME, `~NAME` deletes it.
-
-The one reading of their shape that the launching host (srun.sh's checks, the in-process restart plan) and every rank
-(launcher/config/grammar.py, before Hydra's grammar reads the values) share, so that the two never disagree on what
-is an assignment; standard library only, since the launching host may lack the training stack.
-"""
+"""The launch's arguments as assignments (NAME=VALUE, ~NAME), read alike on the launching host and every rank."""
 
 import dataclasses
 

@@ -35,7 +35,6 @@ def private_files() -> Iterator[None]:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write a file that only its owner can read."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(descriptor, 0o600)  # a file a resumed run wrote before keeps its mode otherwise
     with open(descriptor, "w") as file:
@@ -43,15 +42,13 @@ def write_private(path: Path, text: str) -> None:
 
 
 def remove_all(paths: Iterable[Path]) -> None:
-    """Unlinks, many at a time: each waits for the file system (1-3 ms on a local ext4, more on a shared one), and a
-    job of 4,096 ranks leaves thousands of files a kind."""
+    """Unlinks, many at a time: each waits for the file system, and 4,096 ranks leave thousands of files a kind."""
     with ThreadPoolExecutor(UNLINKS_AT_ONCE) as unlinks:
         list(unlinks.map(lambda path: path.unlink(missing_ok=True), paths))
 
 
 def remove_tree(path: str | Path) -> None:
-    """PATH and everything in it, its files many at a time (remove_all); what cannot be removed is left, as
-    shutil.rmtree(ignore_errors=True) leaves it."""
+    """PATH and all in it, files many at a time; what cannot be removed stays, as with rmtree(ignore_errors=True)."""
     files = [Path(folder, name) for folder, _, names in os.walk(path) for name in names]
     with contextlib.suppress(OSError):  # the others are removed all the same: every unlink was started
         remove_all(files)

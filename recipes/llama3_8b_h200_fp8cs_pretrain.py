@@ -1,11 +1,5 @@
-"""Llama 3 8B pretraining as in llama3_8b_h200_pretrain.py, in FP8 with current (per-tensor) scaling on every layer,
-with Transformer Engine's operation fuser in the MLP: the fastest measured (bench/results/launch-ab.md).
-
-Megatron Bridge's `bf16_with_fp8_current_scaling_mixed` preset keeps the first and the last transformer layer in BF16
-for numerical headroom; Megatron Bridge's performance scripts, which produce its published throughput, run every layer
-in FP8, and so does this recipe (2.1% more tokens/s on 2 x H200). The operation fuser runs the MLP as one sequence of
-TE operations and fuses neighbouring ones (3.0 to 3.8% more, the same losses). For the preset as it is, use
-llama3_8b_h200_pretrain.py with mixed_precision=bf16_with_fp8_current_scaling_mixed.
+"""Llama 3 8B pretraining as in llama3_8b_h200_pretrain.py, in FP8 with current scaling on every layer and Transformer
+Engine's operation fuser in the MLP: the fastest measured (docs/checks.md, "Recipes").
 
     salloc -N 2 ./srun.sh recipes/llama3_8b_h200_fp8cs_pretrain.py
 """

@@ -1,8 +1,5 @@
-"""Llama 3 8B pretraining as in llama3_8b_pretrain.py, for H200 GPUs ("141 GB"): micro-batch 2 instead of 1.
-
-On 2 x H200 with Megatron FSDP micro-batch 2 gave 4.7% more tokens/s in FP8 current scaling and 3.6% more in BF16, at
-up to 142 GB reserved a GPU (bench/results/launch-ab.md). More GPUs shard the weights and optimizer state further, but
-not the activations, which is why 80 GB GPUs (H100) keep llama3_8b_pretrain.py's micro-batch 1.
+"""Llama 3 8B pretraining as in llama3_8b_pretrain.py, for H200 GPUs ("141 GB"): micro-batch 2 instead of 1 (why:
+docs/checks.md, "Recipes").
 
     salloc -N 2 ./srun.sh recipes/llama3_8b_h200_pretrain.py mixed_precision=bf16_with_fp8_current_scaling_mixed
 """

@@ -1,12 +1,5 @@
-"""DeepSeek's multi-latent attention without query compression, built as Hugging Face defines it.
-
-With `q_lora_rank=None` (DeepSeek-V2-Lite) the query is one projection of the normalised hidden state. megatron-core
-0.19.2 nevertheless fuses an RMSNorm into that projection whenever `qk_layernorm` is on, and megatron-bridge 0.6.2's
-DeepSeek bridges must turn `qk_layernorm` on for the key/value norm. The extra norm changes the model (the input is
-already normalised by `input_layernorm`) and has no Hugging Face weight, so loading a checkpoint fails on it
-(Megatron-Bridge issue 5261). A recipe sets `cfg.model.transformer_layer_spec = decoder_block_spec` to build the
-query projection as a plain linear layer; models with query compression (DeepSeek-V2, V3) are built unchanged.
-"""
+"""DeepSeek's multi-latent attention without query compression, built as Hugging Face defines it: no RMSNorm fused into
+the query projection (docs/checks.md, "DeepSeek and DeepEP", says why)."""
 
 from dataclasses import replace
 

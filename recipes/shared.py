@@ -1,9 +1,4 @@
-"""Switches every recipe shares, ours or a user's: offline Hugging Face models (from_hf), and the MoE dispatcher,
-Megatron FSDP and the data to train on (apply_switches; mock data unless data_paths names prepared datasets).
-
-`entrypoint.py` passes the matching `NAME=VALUE` arguments to the recipe's `configure()`, which hands them on here. Each
-switch raises ValueError with a message a user can act on.
-"""
+"""Switches every recipe shares (from_hf, apply_switches): configure() keywords it hands on; docs/checks.md."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ DISPATCHERS = ("allgather", "alltoall", "flex", "deepep")
 
 
 def from_hf(upstream: Callable[[], ConfigContainer], hub_id: str, hf_path: str | None) -> ConfigContainer:
-    """Build an upstream recipe; with hf_path, its architecture (and starting weights, if present) come from there
-    instead of the Hugging Face hub's `hub_id`."""
+    """Build an upstream recipe; with hf_path, its architecture (and weights, if any) come from there, not `hub_id`."""
     if hf_path is None:
         return upstream()
     local_dir = Path(hf_path)
@@ -50,12 +44,7 @@ def from_hf(upstream: Callable[[], ConfigContainer], hub_id: str, hf_path: str |
 
 @contextmanager
 def hub_id_served_from(hub_id: str, local_dir: Path) -> Iterator[list[AutoBridge]]:
-    """While active, AutoBridge.from_hf_pretrained(hub_id) reads local_dir instead of the hub; yields the bridges built.
-
-    Upstream recipes (megatron-bridge 0.6.2, e.g. deepseek_v2_lite_pretrain_8gpu_h100_bf16_config) build their model
-    with `AutoBridge.from_hf_pretrained("<hub id>")` and take no arguments, so this is the one way to keep every other
-    upstream setting while reading the architecture offline.
-    """
+    """While active, AutoBridge.from_hf_pretrained(hub_id) reads local_dir; yields bridges built (docs/checks.md)."""
     from megatron.bridge import AutoBridge  # Hugging Face conversion imports every model bridge: only with hf_path
 
     original = AutoBridge.__dict__["from_hf_pretrained"]
@@ -73,8 +62,7 @@ def hub_id_served_from(hub_id: str, local_dir: Path) -> Iterator[list[AutoBridge
 
 
 def use_local_tokenizer(cfg: ConfigContainer, local_dir: Path) -> None:
-    """The hub model's tokenizer from local_dir, or the null tokenizer if it has none: mock data needs only a
-    vocabulary size; real data needs the model's tokenizer files next to config.json."""
+    """The hub model's tokenizer from local_dir, else the null tokenizer (mock data needs only a vocabulary size)."""
     cfg.tokenizer.hf_tokenizer_kwargs = {}
     if has_tokenizer(local_dir):
         cfg.tokenizer.tokenizer_model = str(local_dir)
@@ -115,12 +103,7 @@ def blend_list(data_paths: list[str | float] | str) -> list[str]:
 
 
 def set_data(cfg: ConfigContainer, data_paths: DataPaths, tokenizer_path: str | None, hf_path: str | None) -> None:
-    """Train on the Megatron indexed datasets (PREFIX.bin + PREFIX.idx, tools/prepare_data.py) of data_paths instead of
-    mock data, with the tokenizer they were prepared with: tokenizer_path, else hf_path's when it holds one.
-
-    Megatron Bridge's recipe helper turns the list into the blend; the recipe keeps its train/valid/test split. The
-    datasets and the tokenizer are checked before training (launcher/config/data.py), where the ranks see them.
-    """
+    """Train on data_paths' indexed datasets, not mock data, with tokenizer_path or hf_path's (docs/data.md)."""
     if tokenizer_path is None and data_paths is not None and hf_path is not None and has_tokenizer(Path(hf_path)):
         tokenizer_path = hf_path
     if tokenizer_path is not None:

@@ -92,7 +92,12 @@ def test_a_plain_sweep_waits_for_the_field_it_sets():
     ],
 )
 def test_fields_that_take_only_a_string(annotation, text_only: bool):
-    assert overrides.takes_text_only(annotation) is text_only
+    (sweep,) = grammar.parse(["dataset.split=90,5,5"])
+    if text_only:
+        assert overrides.as_text(sweep, annotation).value() == "90,5,5"
+    else:
+        with pytest.raises(UsageError, match="is a Hydra sweep"):
+            overrides.as_text(sweep, annotation)
 
 
 def test_a_sweep_for_a_string_field_is_the_string_typed_and_any_other_is_refused():

@@ -1,10 +1,4 @@
-"""The data a run trains on, checked where the ranks will read it, before any of them joins the job; each failure is a
-one-line UsageError. Each dataset of the blend (data_paths=, dataset.blend / blend_per_split / data_path) must have its
-PREFIX.bin and PREFIX.idx, seen from inside the container (SRUNSH_MOUNT says when not); the index must describe exactly
-the bytes of the data file; the token ids (the header's dtype, a sample of sequences) must fit the tokenizer, a real
-one; and every split must be one megatron-core can build (launcher/config/splits.py). describe() is the line a run
-prints once: what it trains on, mock data included.
-"""
+"""The data a run trains on, checked where the ranks read it, before any joins the job (docs/data.md)."""
 
 import os
 from pathlib import Path
@@ -64,8 +58,7 @@ def check_data(cfg: ConfigContainer) -> None:
 
 
 def container_mounts() -> list[str] | None:
-    """The SRUNSH_MOUNT destinations when the ranks run in srun.sh's container (it sets SRUNSH_MOUNT, resolved, for
-    those only), else None."""
+    """SRUNSH_MOUNT's destinations when the ranks run in srun.sh's container (only those get it), else None."""
     mount = from_srun_sh("SRUNSH_MOUNT")
     return [entry.split(":")[1] for entry in mount.split(",") if ":" in entry] if mount else None
 
@@ -116,7 +109,13 @@ def check_dataset(prefix: str, vocab_size: int, tokenizer: object) -> IndexedDat
     bin_path, idx_path = Path(get_bin_path(prefix)), Path(get_idx_path(prefix))
     if not (bin_path.is_file() and idx_path.is_file()):
         raise UsageError(missing(prefix, bin_path, idx_path))
-    index = read_index(prefix, idx_path)
+    try:
+        index = IndexedDataset(prefix, mmap=False)  # the index only: its .bin is not mapped now
+    except UNREADABLE as error:
+        raise UsageError(
+            f"{idx_path} is not an index megatron-core can read ({type(error).__name__}: {first_line(error)}):"
+            f" prepare {prefix} again with {PREPARE}"
+        ) from None
     check_sizes(prefix, index, bin_path, idx_path)
     check_token_ids(prefix, index, vocab_size, tokenizer)
     return index
@@ -137,17 +136,6 @@ def missing(prefix: str, bin_path: Path, idx_path: Path) -> str:
         f"data path {prefix} has no {bin_path.name} and {idx_path.name}{where}: give the prefix of a prepared dataset"
         f" (PREFIX.bin + PREFIX.idx), or prepare it with {PREPARE} --output-prefix {prefix}"
     )
-
-
-def read_index(prefix: str, idx_path: Path) -> IndexedDataset:
-    """The dataset as megatron-core reads it, without mapping its .bin (only the index is read now)."""
-    try:
-        return IndexedDataset(prefix, mmap=False)
-    except UNREADABLE as error:
-        raise UsageError(
-            f"{idx_path} is not an index megatron-core can read ({type(error).__name__}: {first_line(error)}):"
-            f" prepare {prefix} again with {PREPARE}"
-        ) from None
 
 
 def check_sizes(prefix: str, index: IndexedDataset, bin_path: Path, idx_path: Path) -> None:

@@ -1,7 +1,4 @@
-"""The launch's NAME=VALUE arguments read in Hydra's override grammar (typed values, lists, null, quoting), each also an
-assignment as the launching host reads it (launcher/assignments.py). Refused at once: a malformed argument, a key given
-twice, and a sweep that no field could take as the text typed; launcher/config/overrides.py applies the rest.
-"""
+"""The launch's NAME=VALUE arguments in Hydra's override grammar, each also an assignment (docs/launch.md)."""
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override

@@ -1,11 +1,4 @@
-"""The recipe's config as the command line sets it: configure() called with the overrides named like its parameters,
-then the config it returns given this run's outputs, its mixed-precision preset and the other overrides, in that order.
-
-Each override is parsed in Hydra's grammar (launcher/config/grammar.py); Megatron Bridge's omegaconf_utils applies them.
-Refused here is what those would take silently: unknown keys, values of the wrong type, sweeps, `+`/`~` edits of
-dataclass fields that Megatron Bridge would drop. A field that takes only a string takes `a,b` (a sweep) as the text
-typed (dataset.split=90,5,5).
-"""
+"""The recipe's config as the command line sets it, and what is refused (docs/launch.md, "In the code")."""
 
 import dataclasses
 import difflib
@@ -42,7 +35,10 @@ def configured(recipe: ModuleType, overrides: list[Override], run_dir: Path) -> 
     """The recipe's config with every override applied, and what each override set (by key, for the log)."""
     kwargs, config_overrides = split_for_configure(recipe.configure, overrides)
     cfg = build_config(recipe, kwargs)
-    add_sections(cfg, config_overrides)
+    for override in config_overrides:  # a SECTIONS field set where the recipe left its section None: the defaults
+        name, dot, _ = override.key_or_group.partition(".")
+        if name in SECTIONS and dot and getattr(cfg, name) is None:
+            setattr(cfg, name, SECTIONS[name]())
     outputs.place_outputs(cfg, run_dir)
     config_overrides, preset = choose_preset(cfg, config_overrides)
     applied = {**kwargs, **preset, **apply(cfg, config_overrides)}
@@ -66,16 +62,11 @@ def typed_value(override: Override) -> str:
     return override.input_line.split("=", 1)[1].strip()
 
 
-def takes_text_only(annotation: Any) -> bool:
-    """A field for which a sweep can only mean the text typed (typing's Optional[str] is equal to str | None)."""
-    return annotation in (str, str | None)
-
-
 def as_text(override: Override, annotation: Any) -> Override:
     """A sweep for a field that takes only a string, as the string typed; any other sweep is refused."""
     if not override.is_sweep_override():
         return override
-    if not takes_text_only(annotation):
+    if annotation not in (str, str | None):  # typing's Optional[str] is equal to str | None
         raise UsageError(sweep_refusal(override, annotation))
     (text,) = OverridesParser.create().parse_overrides([f"{override.key_or_group}='{typed_value(override)}'"])
     return text
@@ -122,20 +113,8 @@ def build_config(recipe: ModuleType, kwargs: dict[str, Any]) -> ConfigContainer:
     return cfg
 
 
-def add_sections(cfg: ConfigContainer, overrides: list[Override]) -> None:
-    """Each section of SECTIONS that an override sets a field of, with its defaults, where the recipe left it None
-    (`inprocess_restart.enabled=true` on a recipe without in-process restart)."""
-    for override in overrides:
-        name, dot, _ = override.key_or_group.partition(".")
-        if name in SECTIONS and dot and getattr(cfg, name) is None:
-            setattr(cfg, name, SECTIONS[name]())
-
-
 def choose_preset(cfg: ConfigContainer, overrides: list[Override]) -> tuple[list[Override], dict[str, Any]]:
-    """Apply a `mixed_precision=NAME` override and resolve the preset name the config holds into its
-    MixedPrecisionConfig: a misspelt name is refused before anything starts (Megatron Bridge would look it up inside
-    pretrain(), on every rank), and `mixed_precision.FIELD=VALUE` changes one of its fields. Returns the other
-    overrides, and the chosen preset (empty when the recipe's is kept)."""
+    """Resolve the preset, `mixed_precision=NAME` applied (misspelt: refused); the other overrides, the one chosen."""
     applied: dict[str, Any] = {}
     for choice in filter(is_preset_choice, overrides):  # one at most: grammar.parse refuses a key given twice
         cfg.mixed_precision = applied[PRESET] = choice.value()

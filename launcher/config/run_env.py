@@ -8,11 +8,8 @@ from megatron.bridge.training.config import ConfigContainer
 
 
 def set_cuda_device_max_connections(cfg: ConfigContainer) -> None:
-    """Megatron FSDP refuses CUDA_DEVICE_MAX_CONNECTIONS=1; tensor/context parallel overlap on Hopper wants 1.
-
-    With one hardware queue, the communication kernels of TP/CP are scheduled ahead of the compute that follows them,
-    which is what Megatron's overlap relies on. FSDP instead needs several queues to overlap its own collectives.
-    """
+    """Megatron FSDP refuses CUDA_DEVICE_MAX_CONNECTIONS=1; TP/CP overlap on Hopper wants 1: one queue schedules their
+    communication ahead of the compute after it, where FSDP needs several to overlap its own collectives."""
     current = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if cfg.ddp.use_megatron_fsdp:
         if current == "1":
@@ -25,8 +22,7 @@ def set_cuda_device_max_connections(cfg: ConfigContainer) -> None:
 
 
 def disable_missing_gradient_accumulation_fusion(cfg: ConfigContainer) -> None:
-    """Megatron's non-TE linear layers (the output layer among them) fuse weight-gradient accumulation with APEX's
-    fused_weight_gradient_mlp_cuda; without APEX they refuse to build. TE layers fuse it themselves."""
+    """Megatron's non-TE linear layers fuse weight-gradient accumulation with APEX, and refuse to build without it."""
     if cfg.model.gradient_accumulation_fusion and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
         print("entrypoint.py: APEX is not installed; model.gradient_accumulation_fusion=false", file=sys.stderr)
         cfg.model.gradient_accumulation_fusion = False

@@ -1,12 +1,4 @@
-"""Which documents each train/valid/test split of the run's data gets, and whether megatron-core 0.19 can build it.
-
-BlendedMegatronDatasetBuilder cuts each dataset of the blend by dataset.split into three ranges of its documents (with
-blend_per_split, each split reads its datasets whole) and asks each part for its share of the split's sample target
-(Megatron Bridge's get_train_valid_test_num_samples). It cannot build, and does not say so, a part with a target but no
-tokens (GPTDataset._get_num_epochs adds empty epochs forever), nor, in a blend without weights, a part of less than
-one sample (seq_length + 1 tokens: BlendedDataset's bare assert). A part with tokens repeats them to meet its target.
-check_splits refuses the rest in one line, with each split's documents and a dataset.split that works.
-"""
+"""Which documents each split of the run's data gets, and whether megatron-core 0.19 can build it (docs/data.md)."""
 
 import copy
 import dataclasses
@@ -44,8 +36,7 @@ class Part:
 
 @dataclasses.dataclass(frozen=True)
 class RunData:
-    """What megatron-core's builder will be given: the dataset config, its blend (or blends per split), each split's
-    sample target, and each local dataset's sequence lengths."""
+    """What megatron-core's builder gets: the dataset config, its blend(s), split targets and datasets' lengths."""
 
     config: BlendedMegatronDatasetConfig
     blend: Blend | None
@@ -55,9 +46,8 @@ class RunData:
 
 
 def check_splits(cfg: ConfigContainer, blends: tuple[Blend | None, Blends], lengths: dict[str, numpy.ndarray]) -> None:
-    """Refuse data whose splits megatron-core would hang on or refuse. blends: the blend, or blend per split, it reads
-    (launcher/config/data.py's run_blends); lengths: each local dataset's sequence lengths (its
-    IndexedDataset.sequence_lengths); a dataset not in it (object storage) is megatron-core's to judge."""
+    """Refuse data whose splits megatron-core would hang on or refuse. blends: data.py's run_blends; lengths: each local
+    dataset's IndexedDataset.sequence_lengths (one not there, on object storage, is megatron-core's to judge)."""
     dataset = cfg.dataset
     targets = sample_targets(cfg) if isinstance(dataset, BlendedMegatronDatasetConfig) else None
     if targets is None:
@@ -69,8 +59,7 @@ def check_splits(cfg: ConfigContainer, blends: tuple[Blend | None, Blends], leng
 
 
 def sample_targets(cfg: ConfigContainer) -> list[int] | None:
-    """Megatron Bridge's sample target of each split, from a finalized copy of the training config (train_samples
-    becomes train_iters there); None where the training length is not known before the data is (num_epochs)."""
+    """Megatron Bridge's sample target of each split, from a finalized cfg.train copy; None when num_epochs sets it."""
     train = copy.copy(cfg.train)
     try:
         train.finalize()
@@ -84,8 +73,7 @@ def sample_targets(cfg: ConfigContainer) -> list[int] | None:
 
 
 def split_parts(data: RunData, split: str | None) -> list[Part]:
-    """Every part megatron-core builds with this dataset.split: for each split it builds, each local dataset's
-    documents, tokens and sample target."""
+    """Every part megatron-core builds with this dataset.split: each local dataset's documents, tokens and target."""
     if data.blend is not None:
         matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split or ""))
         return [

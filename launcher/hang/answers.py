@@ -1,5 +1,4 @@
-"""Asking the ranks for the hang report (SIGUSR2, answered by launcher/hang/dumps.py), and reading what they answered:
-their registrations, Python stacks, answers and flight recorder records, into one Rank each."""
+"""Asking the ranks for the hang report (SIGUSR2; dumps.py answers) and reading their records into one Rank each."""
 
 import contextlib
 import dataclasses
@@ -138,8 +137,7 @@ def signal_local(registered: dict[int, dict]) -> str | None:
 
 
 def ask(hang: Path, step: str | None, ended: set[int], before: dict[int, int]) -> float:
-    """SIGUSR2 to the job step `step` (None: to each registered rank), then the wait for the answers of the ranks
-    that had not ended; when they were asked. `before`: each rank's stacks size before the request."""
+    """SIGUSR2 to job step `step` (None: each registered rank), then the wait for ranks not ended; the time asked."""
     registered = registered_ranks(hang)
     forget_earlier_answers(hang)
     asked = time.time()
@@ -168,15 +166,6 @@ def wait_for_answers(hang: Path, pending: set[int], before: dict[int, int]) -> N
             time.sleep(0.5)
 
 
-def read_stacks(path: Path, offset: int) -> str:
-    try:
-        with path.open("rb") as stacks:
-            stacks.seek(offset)
-            return stacks.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def read_dump(hang: Path, answer: dict | None) -> dict | None:
     """The summary of its flight recorder that a rank answered with, else the record itself (fr/rank-R)."""
     answer = answer or {}
@@ -192,8 +181,7 @@ def read_dump(hang: Path, answer: dict | None) -> dict | None:
 
 
 def gather(run_dir: Path, world: int, host_of: list[str], before: dict[int, int], ended: dict[int, str]) -> dict:
-    """Every rank's records; `before`: the size of its stacks file before the request (what came earlier is an
-    earlier report's), `ended`: how the ranks that had ended did."""
+    """Every rank's records; `before`: its stacks file's size before the request, `ended`: how ended ranks did."""
     hang = run_dir / "hang"
     registered = registered_ranks(hang)
     ranks = {}
@@ -201,7 +189,12 @@ def gather(run_dir: Path, world: int, host_of: list[str], before: dict[int, int]
         record = registered.get(number)
         host = record["host"] if record else host_of[number] if number < len(host_of) else "?"
         answer = read_json(hang / f"answer-rank-{number}.json")
-        text = read_stacks(hang / f"stacks-rank-{number}.txt", before.get(number, 0))
+        try:
+            with (hang / f"stacks-rank-{number}.txt").open("rb") as stacks:
+                stacks.seek(before.get(number, 0))
+                text = stacks.read().decode(errors="replace")
+        except OSError:
+            text = ""
         frames = main_thread_frames(text, record["main_thread"] if record else None)
         ranks[number] = Rank(number, host, record, answer, frames, read_dump(hang, answer), ended.get(number))
     return ranks

@@ -1,14 +1,4 @@
-"""What torch's flight recorder records say (a plain pickle of the process groups' config and status, and their recent
-entries): each process group's oldest collective that not every member completed, who is in it and who is not; and
-torch's own analysis of them, `torchfrtrace`, where this Python has torch and the records are NCCL's. Standard library
-only: the launching host reads the records, and a rank writes their summary into its hang-report answer
-(launcher/hang/dumps.py), so that the host reads one small answer a rank instead of its whole record.
-
-A summary is the record in torch's shape with only what collectives() reads: every group's config and status, its
-entries not completed yet, and of the rest those that say a group's name and description, whether NCCL recorded start
-times, and which operations it ran; each group's members as ranges ("0-4095", "3-4091:8" for ranks 8 apart) rather
-than torch's list of every rank, which every member of the group would repeat.
-"""
+"""What torch's flight recorder records say of collectives not completed; standard library only (docs/health.md)."""
 
 import dataclasses
 import functools
@@ -88,10 +78,8 @@ def group_records(dump: dict) -> dict[str, dict]:
 
 
 def kept_entries(dump: dict) -> list[dict]:
-    """The entries a summary keeps, in their order: those of a group with a status that it has not completed; the
-    first of each group name (its description) and the last of each group id (the name of its status); the last
-    with a start time of each group name (whether NCCL times starts); the last of each operation (whose records these
-    are)."""
+    """The entries a summary keeps, in order: a status-holding group's not completed; the first of each group name and
+    last of each group id; the last with a start time of each group name; the last of each operation."""
     entries = dump.get("entries", [])
     completed = {name: group["completed"] for name, group in group_records(dump).items()}
     statuses = {str(pg_id) for pg_id in dump.get("pg_status", {})}
@@ -153,8 +141,7 @@ class Collective:
 
 
 def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
-    """Every process group's oldest collective that not all of its members completed, the most telling first: those
-    with members that are not in it, then those that the most ranks wait in."""
+    """Each group's oldest collective not all members completed; with members outside it first, then most waited in."""
     records = {number: group_records(rank.dump) for number, rank in ranks.items() if rank.dump is not None}
     holders: dict[str, dict[int, dict]] = {}  # each group's records, by the rank they are of
     for number, groups in records.items():
@@ -167,8 +154,8 @@ def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
 def oldest_open(
     name: str, holders: dict[int, dict], recorded: set[int], ranks: dict[int, Rank], world: int
 ) -> Collective | None:
-    """Process group `name`'s oldest collective that not every member completed, or None. `holders`: the group's
-    record of each rank that has one; `recorded`: the ranks with a record at all."""
+    """Group `name`'s oldest collective not every member completed, or None. `holders`: its record of each rank that has
+    one; `recorded`: the ranks with a record at all."""
     known = list(holders.values())
     desc = next((group["desc"] for group in known if group["desc"]), "")
     members = next((group["members"] for group in known if group["members"]), None)
@@ -204,9 +191,8 @@ def oldest_open(
 
 
 def evidence(found: list[Collective], least_s: float | None) -> list[Collective]:
-    """The collectives that say something: one its first rank entered less than `least_s` (the longest step so far;
-    at a stop before a step time is known, the hang watch's limit) before it was asked is ordinary work, whatever the
-    others do. None: every one."""
+    """The collectives that say something: one entered less than `least_s` (the longest step; before one is
+    known, the watch's limit) before it was asked is ordinary work. None: every one."""
     return found if least_s is None else [c for c in found if c.entered_s is None or c.entered_s >= least_s]
 
 

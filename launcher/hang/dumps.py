@@ -1,20 +1,4 @@
-"""What a rank writes when srun.sh asks for a hang report (SIGUSR2, to every process of the job step; with --local, to
-the pid each rank registers here), into RUN_DIR/hang/ for launcher/hang/report.py:
-
-- rank-R.json, at start: host, pid, process start time and main thread, so that srun.sh signals only this process
-  and finds its main thread among the stacks;
-- stacks-rank-R.txt: every thread's Python stack, appended by faulthandler from inside the signal handler: it needs
-  no interpreter state, so a rank stuck in native code (an NCCL or CUDA wait) still answers;
-- fr/rank-R: torch's flight recorder as torch pickles it (`torchfrtrace` reads it), dumped by a thread that the
-  signal wakes through signal.set_wakeup_fd, since the main thread may never run Python again;
-- answer-rank-R.json, once that thread is done: the rank's state, its progress (progress.LAST, on this host's clock)
-  and the flight recorder's summary (collectives.py), so that the launching host reads one small file a rank. The
-  thread needs the GIL: a rank whose stuck thread holds it answers with its stacks only.
-
-SIGUSR2 is blocked in the main thread, so in every thread and process the rank starts (the mask is inherited across
-fork and exec): data loader workers, compilers and checkpoint writers ignore the step-wide signal instead of dying of
-it. Only the answering thread takes it.
-"""
+"""What a rank writes into RUN_DIR/hang/ when srun.sh asks for a hang report (docs/health.md, "In the code")."""
 
 import contextlib
 import faulthandler
@@ -105,8 +89,7 @@ def answer(directory: Path, rank: int, stacks: IO[str], asked: float) -> None:
 
 
 def dump_flight_recorder(path: Path, backend: str) -> dict[str, str]:
-    """torch's flight recorder of the backend the default process group uses (NCCL's records its own). Without the
-    call sites of the collectives: symbolizing them takes seconds, and the stacks say where each rank is."""
+    """torch's flight recorder of the default group's backend, without call sites (symbolizing them takes seconds)."""
     from torch._C import _distributed_c10d as c10d
 
     dump = c10d._dump_nccl_trace if "nccl" in backend else c10d._dump_fr_trace
@@ -118,9 +101,7 @@ def dump_flight_recorder(path: Path, backend: str) -> dict[str, str]:
 
 
 def record_flight_recorder(path: Path, data: bytes) -> dict[str, Any]:
-    """torch's record DATA into PATH, as torch pickled it (torchfrtrace reads it there); the answer's fields: its
-    name, and its summary for the report. A record this code cannot read gets no summary: the report then reads
-    the file."""
+    """DATA into PATH as torch pickled it; the answer's fields: its name, and its summary where this code reads it."""
     progress.replace_file(path, data)
     fields: dict[str, Any] = {"flight_recorder": path.name}
     with contextlib.suppress(pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError):

@@ -1,20 +1,10 @@
 """srun.sh's hang report: before any rank is stopped, ask every rank for its Python stacks and torch's flight
-recorder (SIGUSR2, answered by launcher/hang/dumps.py), then write RUN_DIR/hang-report.txt: which ranks are not in
-the collective that the others wait in, on which host, and the top frames of every rank; a hang at start (ranks
-that never joined torch.distributed) and a rank stuck in torch.distributed's teardown after an error are named as
-such. The console gets three lines; the first names the ranks that did not answer, where any did not.
+recorder (SIGUSR2), then write RUN_DIR/hang-report.txt and say three lines on the console (docs/health.md).
 
     python3 launcher/hang/report.py RUN_DIR --why TEXT --world-size N --nodes HOST,... --ranks-per-node G
                                     (--step JOB.STEP | --local) [--stalled]
 
---step signals the job step with `scancel --signal=USR2` (every process of it: only the rank answers); --local
-signals the pids that the ranks registered (each checked against its process start time). Runs on the launching host
-with the standard library only (the flight recorder's records are plain pickles); torch's own analysis,
-`torchfrtrace`, is added when this Python has torch and the records are NCCL's.
-
-What a report may blame: a stop (not --stalled) of a job that was progressing blames nothing, nor does a collective
-entered less than the longest step so far before the ranks were asked; a stop before a step time is known blames only
-what is older than the hang watch's limit then. A hang at start is ranks that never joined torch.distributed.
+--step signals the job step with `scancel --signal=USR2`; --local signals the pids that the ranks registered.
 """
 
 import argparse
@@ -61,9 +51,8 @@ class Stop:
 
 
 def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | None:
-    """None before the second step: until then no step's time is known. From the ranks' answers, else from rank 0's
-    step record (RUN_DIR/hang/progress.json, as the hang watch reads it): a rank whose stacks came but whose answer
-    did not (its flight-recorder dump still running) says nothing of its pace, and that is no sign of a stall."""
+    """None before the second step (no step time known). From the ranks' answers, else rank 0's step record: a rank
+    whose answer did not come (its dump still running) says nothing of its pace."""
     keys = ("longest_step_s", "last_step_time", "time")
     timed = [r.answer for r in ranks.values() if r.answer and all(r.answer.get(key) is not None for key in keys)]
     if timed:
@@ -132,9 +121,6 @@ def start_hang(ranks: dict[int, Rank]) -> tuple[list[Rank], list[Rank]] | None:
     return (waiting, never) if never or waiting else None
 
 
-# ---- The console's three lines -------------------------------------------------------------------------------------
-
-
 def summary(
     ranks: dict[int, Rank], found: list[Collective], why: str, report: Path, stop: Stop | None = None
 ) -> list[str]:
@@ -154,7 +140,6 @@ def summary(
 
 
 def findings(ranks: dict[int, Rank], found: list[Collective], head: str) -> list[str]:
-    """What the records say, in two lines."""
     first, second = hang_at_start(ranks, found) or in_collective(ranks, found) or elsewhere(ranks)
     return [f"{head} {first}", f"srun.sh:   {second}"]
 
@@ -209,7 +194,6 @@ def elsewhere(ranks: dict[int, Rank]) -> tuple[str, str]:
 
 
 def answered_by_host(ranks: dict[int, Rank]) -> dict[str, list[int]]:
-    """The ranks whose stacks or answer came, by host."""
     answered: dict[str, list[int]] = {}
     for rank in ranks.values():
         if not rank.silent():
@@ -268,9 +252,6 @@ def ranks_phrase(ranks: Iterable[int], verb: str = "") -> str:
 def ranks_list(ranks: list[Rank], found: list[Collective], limit: int = 3) -> str:
     shown = [f"{rank.where()}: {whereabouts(rank, found)}" for rank in ranks[:limit]]
     return "; ".join(shown) + (f"; and {len(ranks) - limit} more" if len(ranks) > limit else "")
-
-
-# ---- RUN_DIR/hang-report.txt ---------------------------------------------------------------------------------------
 
 
 def report_text(
@@ -346,8 +327,7 @@ def findings_lines(ranks: dict[int, Rank], found: list[Collective], recent: int)
 
 
 def frames_by_rank(ranks: dict[int, Rank]) -> list[str]:
-    """Ranks with the same top frames (and end, if they had ended) together, so that a 4,096-rank job reads in a
-    screen."""
+    """Ranks with the same top frames (and end) together, so that a 4,096-rank job reads in a screen."""
     alike: dict[tuple[str, tuple[str, ...]], list[Rank]] = {}
     for rank in ranks.values():
         alike.setdefault((rank.ended or "", tuple(short(f) for f in rank.frames[:TOP_FRAMES])), []).append(rank)

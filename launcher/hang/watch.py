@@ -1,14 +1,4 @@
-"""srun.sh's hang watch, a thread of the host supervisor (launcher/host/supervisor.py): it reads rank 0's step record
-(launcher/hang/progress.py) and, when no training step has completed for too long, writes why to
-RUN_DIR/hang/stalled.txt and calls back; the supervisor then collects the hang report before it stops the ranks.
-
-Too long: before the first step (imports, checkpoint loading, dataset indexes), 20 minutes; then SRUNSH_HANG_TIMEOUT_S,
-by default 10 times the longest time between two records (evaluation and logging steps included), at least 5 minutes.
-A longer SRUNSH_HANG_TIMEOUT_S applies to the start too (start-up legitimately takes longer than a step). A checkpoint
-save, and the time after training ended, do not count. It keeps RUN_DIR/hang/watch.json ({"launched": time.time() of
-its start, "limit_s": its limit now}) for the report: a stop before a step time is known blames only what is older
-than that limit. Standard library only: it runs on the launching host.
-"""
+"""srun.sh's hang watch: a supervisor thread that calls back when no step completed for too long (docs/health.md)."""
 
 import threading
 import time
@@ -24,8 +14,7 @@ POLL_S = 1.0
 
 
 class StallClock:
-    """When the watch fires, from the step records it observes (on this host's monotonic clock, so that clocks of
-    other hosts never matter)."""
+    """When the watch fires, on this host's monotonic clock (so that other hosts' clocks never matter)."""
 
     def __init__(self, fixed_s: float | None, now: float) -> None:
         self.fixed_s = fixed_s
@@ -64,8 +53,7 @@ def write_limit(hang: Path, launched: float, limit_s: float) -> None:
 
 
 def watch(run_dir: Path, fixed_s: float | None, on_stall: Callable[[str], None], stop: threading.Event) -> None:
-    """Until `stop` is set, or a stall: then RUN_DIR/hang/stalled.txt says why, and on_stall(why) is called once.
-    `fixed_s`: SRUNSH_HANG_TIMEOUT_S, or None for the default limit."""
+    """Until `stop` is set, or a stall: stalled.txt says why, on_stall(why) once; fixed_s: SRUNSH_HANG_TIMEOUT_S."""
     hang = run_dir / "hang"
     clock = StallClock(fixed_s, time.monotonic())
     launched, written = time.time(), None

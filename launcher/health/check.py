@@ -1,17 +1,4 @@
-"""One rank of srun.sh's health check (docs/health.md), started as launcher/health.py exactly as a training rank is
-(the same srun step, container, environment and torch.distributed over the job's NCCL and network plugin). It records
-each part in RUN_DIR/health/rank-R.json as it goes; report.py, on the launching host, enforces each part's deadline
-and judges these records. The parts, in order (each a collective over the group named, after a barrier of the whole
-job, so that every node measures it at the same time):
-  start                import torch, join torch.distributed (the world), learn every rank's host
-  gpu                  the GPU of LOCAL_RANK: visible, its free memory, a bf16 matrix-multiply rate, an HBM copy rate
-  node.all_reduce      among the ranks of this node (NVLink); then node.broadcast
-  pair.K.all_reduce    round K: node i with node i XOR 2^K (ceil(log2 N) rounds of N/2 pairs); then pair.K.broadcast
-  retest.J.all_reduce  a suspect's links with the same partner and another, against the pair of those two, so that the
-                       report can tell a slow link from noise; then retest.J.broadcast
-  job.all_reduce       over the whole job; then job.broadcast
-Collectives report bus bandwidth (nccl-tests' definition); without CUDA the check runs with gloo on the CPU.
-"""
+"""One rank of srun.sh's health check, run as launcher/health.py as a training rank is (docs/health.md)."""
 
 import json
 import math
@@ -139,9 +126,8 @@ def suspects(best: dict[int, tuple[float, int]]) -> list[int]:
 
 
 def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[tuple[int, str, Pair]]]:
-    """The retests of every suspect of any figure ({figure: best pairs}), as steps of (suspect, role, pair) whose
-    pairs share no node (they run at once): per cycle, the reference, the same partner, the reference, another
-    partner (the best of the rest in that figure)."""
+    """The retests of every suspect ({figure: best pairs}) as steps of (suspect, role, pair) whose pairs share no node:
+    per cycle, the reference, the same partner, the reference, another partner (the best of the rest)."""
     found = {op: suspects(best) for op, best in flagged.items()}
     measurements = []
     for _ in range(RETEST_CYCLES):
@@ -162,8 +148,6 @@ def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[t
 
 
 class Check:
-    """The parts of the check on this rank, in order."""
-
     def __init__(self, record: Record, rank: int, local_rank: int) -> None:
         import torch
         import torch.distributed as dist
@@ -229,9 +213,8 @@ class Check:
     def collectives(
         self, prefix: str, ranks: list[int] | None, group: object, extra: dict[str, Any], retest: bool = False
     ) -> dict[str, float]:
-        """`prefix`.all_reduce, then `prefix`.broadcast, among `ranks` (group None: the world); ranks None: this rank
-        sits the part out, but joins its barriers. A retest measures the largest size only, RETEST_SAMPLES times.
-        Returns {op: the median at the largest size, "op best": the best sample there}."""
+        """`prefix`.all_reduce and .broadcast among `ranks` (None: sit out but join the barriers; group None: world);
+        a retest measures the largest size only. Returns {op: the median at the largest size, "op best": its best}."""
         sizes, count = (self.sizes[-1:], RETEST_SAMPLES) if retest else (self.sizes, SAMPLES)
         largest = {}
         for op in ("all_reduce", "broadcast"):
@@ -260,18 +243,16 @@ class Check:
         return rates(size * bus_factor(op, len(ranks)) / 1e9, samples)
 
     def new_groups(self, part: str, groups: list[list[int]], desc: str) -> object | None:
-        """This rank's group among `groups`: every rank creates all of them, in one order, as torch asks (gloo's
-        groups deadlock when members create overlapping ones in different orders). A rank waits only for the members
-        of its own group; creating another is bookkeeping (NCCL connects at the first collective)."""
+        """This rank's group among `groups`: every rank creates all of them in one order, as torch asks (gloo deadlocks
+        otherwise); NCCL connects at the first collective, so creating another's is bookkeeping."""
         own = next((ranks for ranks in groups if self.rank in ranks), None)
         self.record.enter(part, own, stage="group")
         made = [self.dist.new_group(ranks, group_desc=desc) for ranks in groups]
         return made[groups.index(own)] if own else None
 
     def retests(self, nodes: list[list[int]], hosts: list[str], mine: int, measured: dict) -> None:
-        """The retests of the suspects, as every rank plans them from the job's pair figures, {op, or "op best": {pair
-        of nodes: figure}} from every rank's own pairs: a pair's figure is its slowest member's. A capped link shows in
-        its best samples even when noise drags the others' medians."""
+        """The suspects' retests, planned alike on every rank from all pair figures ({op or "op best": {pair: figure}}):
+        a pair's figure is its slowest member's; a capped link shows in its best samples while noise drags medians."""
         gathered: list[Any] = [None] * self.dist.get_world_size()
         self.dist.all_gather_object(gathered, measured)
         figures: dict[str, dict[Pair, float]] = {}

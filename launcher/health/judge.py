@@ -1,8 +1,4 @@
-"""The verdict on every node of a health check (docs/health.md), from what its launch left: each rank's record
-(RUN_DIR/health/rank-R.json, written by check.py) and exit status. A node fails when a figure of it is an outlier,
-when its retests show its link slow beyond noise, when a rank of it errs, or when the check hangs there; a node whose
-link may be slow, but not beyond noise, is "suspect": named with its figures, not excluded. Standard library only:
-the launching host may have no SciPy, so the rank test is a few lines here."""
+"""Each node's health-check verdict from the ranks' records and exit statuses (docs/health.md); stdlib only."""
 
 from __future__ import annotations
 
@@ -133,9 +129,8 @@ def largest_size(sizes: tuple[str, ...]) -> str:
 
 
 def link(records: dict[int, dict], ranks: list[int], part: str) -> tuple[float | None, float | None, list[float]]:
-    """A collective part's bus bandwidth at its largest size as the group that the first of `ranks` in it got it
-    (check.py's JOB: the whole job): a collective takes as long as its slowest member (a broadcast's root is done
-    early), so the slowest member's median, the lowest best sample, and the slowest member's samples."""
+    """A part's bus bandwidth at its largest size in the group of the first of `ranks` in it: its slowest member's
+    median (a collective takes as long as it), the lowest best sample, and the slowest member's samples."""
     holder = next((r for r in ranks if part in records[r]["results"]), None)
     if holder is None:
         return None, None, []
@@ -152,13 +147,21 @@ def gpu_results(records: dict[int, dict], ranks: list[int]) -> dict[int, dict]:
 
 
 def fill_figures(node: Node, records: dict[int, dict]) -> None:
-    """The node's figures: each GPU figure of its worst GPU, its own collectives' figures, and those of its best
-    pair (so that a bad partner drags only itself)."""
+    """The node's figures: its worst GPU's, its own collectives', its best pair's (a bad partner drags only itself);
+    a GPU that its rank cannot see, or that two ranks share, fails the node."""
     ranks = [rank for rank in node.ranks if rank in records]
     gpu = gpu_results(records, ranks)
     applicable = [rank for rank in ranks if gpu[rank].get("applicable")]
     if applicable:
         node.gpus = f"{len(applicable)}/{len(node.ranks)}"
+    uuids: dict[str, int] = {}
+    for rank in applicable:
+        result = gpu[rank]
+        if result["visible"] <= result["device"]:
+            node.fail("fail", f"rank {rank} sees {result['visible']} GPU(s), none for local rank {result['device']}")
+        if result["uuid"] in uuids:
+            node.fail("fail", f"ranks {uuids[result['uuid']]} and {rank} share one GPU ({result['uuid']})")
+        uuids[result["uuid"]] = rank
     for key, _, _ in GPU_FIGURES:
         values = [(gpu[rank][key], rank) for rank in applicable if key in gpu[rank]]
         if values:
@@ -171,23 +174,9 @@ def fill_figures(node: Node, records: dict[int, dict]) -> None:
         node.figures[f"pair.{op}"], node.best[f"pair.{op}"] = max(measured, default=(None, None))
 
 
-def check_gpus(node: Node, records: dict[int, dict]) -> None:
-    uuids: dict[str, int] = {}
-    for rank, result in gpu_results(records, node.ranks).items():
-        if not result.get("applicable"):
-            continue
-        if result["visible"] <= result["device"]:
-            node.fail("fail", f"rank {rank} sees {result['visible']} GPU(s), none for local rank {result['device']}")
-        if result["uuid"] in uuids:
-            node.fail("fail", f"ranks {uuids[result['uuid']]} and {rank} share one GPU ({result['uuid']})")
-        uuids[result["uuid"]] = rank
-
-
 def outliers(measured: dict) -> dict:
-    """{who: (how far below, the median)} of the figures {who: (median sample, best sample)} more than 10% below the
-    median and further than how far the median samples typically lie below the best (noise is no outlier: on GPUs
-    samples agree to a few percent, gloo's on a shared CPU do not). A median of 0 (most GPUs with no memory free)
-    leaves nothing to be below."""
+    """{who: (how far below, the median)} of {who: (median sample, best sample)} more than 10% below the median and
+    further than median samples typically lie below the best (noise is no outlier); none with a median of 0."""
     if len(measured) < 2:
         return {}
     median = statistics.median(value for value, _ in measured.values())
@@ -230,16 +219,13 @@ def orders_at_most(low: int, high: int, inverted: int) -> int:
 
 
 def noise_chance(own: list[float], reference: list[float]) -> float:
-    """The chance that measurements of one link, all alike, rank `own` at least as far below `reference` as they
-    are: the share of all orders of the two with as few of own's above the reference's (the exact one-sided
-    Mann-Whitney test; a tie counts against the verdict)."""
+    """Chance that noise ranks `own` this far below `reference` (exact one-sided Mann-Whitney; a tie counts against)."""
     inverted = sum(a >= b for a in own for b in reference)
     return orders_at_most(len(own), len(reference), inverted) / math.comb(len(own) + len(reference), len(own))
 
 
 def judge_links(nodes: dict[str, Node], records: dict[int, dict]) -> None:
-    """A node whose retests were measured is judged on them (judge_link). One not retested whose best pair is more
-    than 10% below the nodes' median is suspect."""
+    """A retested node is judged on its retests (judge_link); one with its best pair >10% below the median: suspect."""
     measured = retests(records)
     for key, _, name in LINK_FIGURES[2:]:
         op = key.split(".")[1]
@@ -270,10 +256,7 @@ def retests(records: dict[int, dict]) -> list[dict]:
 
 
 def judge_link(node: Node, name: str, measured: list[dict]) -> None:
-    """Slow when the best samples of the node's pairs (with the same partner and another) are more than 10% below
-    the reference pair's (those two partners) and noise would rank them so in at most NOISE_CHANCE of checks;
-    suspect when they are that far below and noise would rank them so in at most SUSPECT_CHANCE, or when noise
-    would not but they are less far below; else ok (the first figure was noise)."""
+    """Slow, suspect or ok by the retests' best samples against the reference pair's (docs/health.md, "Slow")."""
     own = [m["figure"] for m in measured if m["role"] != "reference"]
     reference = [m["figure"] for m in measured if m["role"] == "reference"]
     below = 1 - statistics.median(own) / statistics.median(reference)
@@ -299,8 +282,7 @@ def judge_link(node: Node, name: str, measured: list[dict]) -> None:
 
 
 def behind(part: str, members: list[int], records: dict[int, dict]) -> list[int]:
-    """The members of a group, not finished, that never reached `part` (at the start: never reached the rendezvous).
-    A finished member went through every part (its record has no part any more: a broadcast's root is done early)."""
+    """The unfinished members that never reached `part` (at the start: the rendezvous); a finished one passed all."""
     unfinished = [m for m in members if not records.get(m, {}).get("finished")]
     if part == "start":
         return [m for m in unfinished if records.get(m, {}).get("stage") != "rendezvous"]
@@ -316,8 +298,7 @@ def whereabouts(record: dict | None) -> str:
 
 
 def blame(run: Run, nodes: dict[str, Node]) -> str:
-    """Name who a hang is on: for each rank past its part's deadline, the members of its group that never reached that
-    part, else the group itself. Returns a job-wide finding when no node is to blame."""
+    """Who a hang is on: a late rank's group members that never reached its part, else the group; job finding or ""."""
     records, layout, job = run.records, run.layout, ""
     for rank in run.late:
         part = records.get(rank, {}).get("part") or "start"
@@ -346,7 +327,6 @@ def judge(run: Run) -> tuple[list[Node], str]:
     nodes = {host: Node(host, layout.ranks(host)) for host in layout.hosts}
     for node in nodes.values():
         fill_figures(node, records)
-        check_gpus(node, records)
     for rank, record in sorted(records.items()):
         if record.get("error"):
             reason = f"rank {rank}: {describe(record['part'] or 'start')}: {record['error']}"

@@ -1,12 +1,9 @@
-"""srun.sh's health check, on the launching host: run the check's launch (every rank runs launcher/health.py), stop
-it when a rank is stuck in a part past its deadline, and turn the ranks' records into one table on the console and
-RUN_DIR/health.json: node, ranks, each figure, a verdict (judge.py), and every outlier named with what to do.
+"""srun.sh's health check, on the launching host: run the check's launch, stop it when a rank is stuck in a part
+past its deadline, and judge the ranks' records into one table on stdout and RUN_DIR/health.json (docs/health.md).
 
     python3 launcher/health/report.py RUN_DIR --timeout S --nodes HOST,... --ranks-per-node G -- LAUNCH...
 
-The table goes to stdout. Exit status 0 when every node passes, 1 otherwise; RUN_DIR/health/failed-nodes then lists
-the nodes to exclude (a batch job with SRUNSH_HEALTH=1 excludes them before it requeues itself). run() is the same,
-for a caller that imports it. Standard library only.
+Exit status 0 when every node passes, 1 otherwise; RUN_DIR/health/failed-nodes then lists the nodes to exclude.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ class RankRecord(dict):
 
 
 def read_records(health: Path, world: int, known: Records | None = None) -> Records:
-    """Every rank's record; a finished one in `known` is not read again (a poll of 4,096 files on a shared file
-    system is not free)."""
+    """Every rank's record; a finished one in `known` is not read again (a poll of 4,096 files on a shared FS costs)."""
     records = {rank: record for rank, record in (known or {}).items() if record["finished"]}
     for rank in (rank for rank in range(world) if rank not in records):
         with contextlib.suppress(OSError, ValueError):  # not written yet, or being replaced: the next poll reads it
@@ -53,9 +49,8 @@ def read_records(health: Path, world: int, known: Records | None = None) -> Reco
 
 
 def supervise(process: subprocess.Popen, health: Path, world: int, timeout: float) -> tuple[str, list[int], Records]:
-    """Until every rank finished ("finished"), the launch ended first ("exited"), or ranks overstayed a part's
-    deadline ("deadline", those ranks); and the records read last. A part's clock starts when this host first sees a
-    rank in it (the start's at the launch), so the clocks of other hosts never matter."""
+    """Until every rank finished, the launch ended, or ranks overstayed a part's deadline; the late ranks, last records.
+    A part's clock starts when this host first sees a rank in it (other hosts' clocks never matter)."""
     started = time.monotonic()
     seen: dict[int, tuple[str, float]] = {}
     records: Records = {}
@@ -83,8 +78,7 @@ def supervise(process: subprocess.Popen, health: Path, world: int, timeout: floa
 
 
 def stop(process: subprocess.Popen, finishing: bool) -> None:
-    """SIGTERM to the launch (srun passes it to every rank, then SIGKILL after KillWait; torchrun likewise), unless
-    its ranks have finished and it ends by itself."""
+    """SIGTERM to the launch (srun passes it on, SIGKILL after KillWait; torchrun too), unless it ends by itself."""
     if finishing:
         with contextlib.suppress(subprocess.TimeoutExpired):  # stopped below
             process.wait(timeout=STOP_GRACE_S)
@@ -98,8 +92,7 @@ def stop(process: subprocess.Popen, finishing: bool) -> None:
 
 
 def launch(command: list[str], health: Path, world: int, timeout: float) -> tuple[str, list[int], Records]:
-    """Runs the launch to its outcome (stopped: srun.sh got a stop signal); the ranks past a deadline, and the records
-    read last (the finished ones need no second read)."""
+    """The launch's outcome (stopped: srun.sh got a stop signal), the ranks past a deadline and the last records."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.default_int_handler)  # each raises KeyboardInterrupt, as Ctrl-C does
     process = subprocess.Popen(command)
@@ -155,10 +148,6 @@ def console(run: Run, nodes: list[Node], job: str) -> list[str]:
             lines.append(f"srun.sh: {node.host}:   {what}: {'; '.join(samples)}")
     if job:
         lines.append(f"srun.sh: the job: {job}")
-    return [*lines, verdict_line(run, nodes, job)]
-
-
-def verdict_line(run: Run, nodes: list[Node], job: str) -> str:
     failed = [node.host for node in nodes if node.failed]
     if failed:
         hosts = ",".join(failed)
@@ -169,13 +158,12 @@ def verdict_line(run: Run, nodes: list[Node], job: str) -> str:
         suspect = [node.host for node in nodes if node.verdict == "suspect"]
         but = f", {','.join(suspect)} suspect (not excluded: run the check again)" if suspect else ""
         verdict = f"passed on all {len(nodes)} node(s){but}"
-    return f"srun.sh: health check {verdict}; {run.run_dir / HEALTH_JSON}"
+    return [*lines, f"srun.sh: health check {verdict}; {run.run_dir / HEALTH_JSON}"]
 
 
 def write_results(run: Run, nodes: list[Node], job: str) -> bool:
-    """Writes RUN_DIR/health.json and RUN_DIR/health/failed-nodes; whether every node passed. health.json has the
-    verdicts indented and each rank's record on a line of its own (json's indenting encoder, pure Python, takes 15 s
-    for the records of 4,096 ranks; its C encoder writes each line at once)."""
+    """Writes RUN_DIR/health.json and health/failed-nodes; whether every node passed. Each rank's record is a line of
+    its own (json's indenting encoder takes 15 s for 4,096 ranks' records; its C encoder writes a line at once)."""
     failed = [node.host for node in nodes if node.failed]
     result = {
         "passed": not failed and not job,
@@ -196,8 +184,7 @@ def write_results(run: Run, nodes: list[Node], job: str) -> bool:
 
 
 def run(run_dir: Path, timeout_s: float, nodes: list[str], ranks_per_node: int, launch_command: list[str]) -> int:
-    """The check: 0 when every node passed, 1 otherwise. SIGINT, SIGTERM and SIGHUP stop it while it runs, and are
-    ignored while it stops the launch and judges; the caller's handlers are back when it returns."""
+    """The check: 0 if every node passed, else 1. Stop signals end it while it runs, not as it judges; then restored."""
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     health = run_dir / "health"
     remove_tree(health)  # an earlier check's records

@@ -1,6 +1,4 @@
-"""How pyxis starts this launch's container steps, and the container a launch of several of them (the health check,
-then training) shares, so that pyxis unpacks the image once and not at every step; unless use_squashfuse=1 starts
-unnamed steps without an unpack, or the user named a container (docs/containers.md says what each costs)."""
+"""How pyxis starts this launch's container steps, and the container they share (docs/containers.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ MEASURED = (
 
 @dataclasses.dataclass
 class Pyxis:
-    """pyxis's line of the plugstack configuration (the file `scontrol show config` names); `file` is None when it
-    could not be read."""
+    """pyxis's plugstack line (in the file `scontrol show config` names); `file`: None if unreadable."""
 
     file: str | None
     found: bool = False
@@ -38,8 +35,7 @@ class Pyxis:
 
 
 def plugstack_lines(path: Path, depth: int = 0) -> list[list[str]]:
-    """The words of every plugin line of PATH and of the files its `include` lines name (globs, as SLURM reads them; a
-    relative one from the including file's folder). Raises OSError when PATH cannot be read."""
+    """Words of PATH's plugin lines and of its `include`d files (globs, as SLURM reads them); OSError if unreadable."""
     lines = []
     for line in path.read_text().splitlines():
         words = line.partition("#")[0].split()
@@ -63,9 +59,8 @@ def read_pyxis(file: str | None) -> Pyxis:
 
 
 def launch_container_name(run_id: str, image: Path, launch: str) -> str:
-    """A name no other launch, run or image gives: the run id, and a digest of the image file's identity (a changed or
-    replaced file has another) and `launch` (what tells this launch from another of the same run: a requeue, a
-    resume)."""
+    """A name no other launch, run or image gives: the run id, a digest of the image file's identity (a changed or
+    replaced file has another) and `launch` (what tells it from another launch of the run: a requeue, a resume)."""
     info = image.stat()
     identity = f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
     digest = hashlib.sha256(f"{identity}|{launch}".encode()).hexdigest()[:12]
@@ -94,8 +89,7 @@ def start_note(pyxis: Pyxis, image: Path, steps: int, user_name: str, shared: st
 
 
 def plan_start(plan: LaunchPlan) -> tuple[str, str]:
-    """The container this launch's steps share (empty: none), and the header's line on how its steps start; a shared
-    one becomes the steps' --container-name."""
+    """The container this launch's steps share (empty: none; else their --container-name), and the header's line."""
     if not plan.container:  # --local has none either
         return "", ""
     name, steps = plan.container_name, 2 if plan.health and not plan.health_only else 1
@@ -114,8 +108,7 @@ REMOVE = """for c in "pyxis_$1" "pyxis_$2_$1"; do
 
 
 def remove(name: str, plan: LaunchPlan, log: Path) -> None:
-    """The launch's container off every node: one task a node, outside any container, runs enroot as pyxis does.
-    Removing an unpacked image takes as long as pyxis's own removal of an unnamed one (minutes for 6 GB)."""
+    """The launch's container off every node: a task a node runs enroot as pyxis does (minutes for 6 GB)."""
     nodes = str(len(plan.hosts))
     command = [
         *("srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap", "--mpi=none"),

@@ -1,7 +1,4 @@
-"""srun.sh's report of a launch that ended badly, on stderr: which rank failed first, on which host, with which status,
-and the end of its log; or the one-line error that every rank found; or what stopped every rank from outside; or,
-when no rank ended, what srun or torchrun said. Ranks that were stopped (SIGINT, SIGTERM, SIGKILL) sort after one that
-failed."""
+"""srun.sh's report, on stderr, of a launch that ended badly (docs/failures.md, "In the code")."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ def log_end(path: Path) -> bytes:
 
 
 def launch_notes(log: Path, start: int, local: bool) -> list[bytes]:
-    """This launch's lines of launcher.log; under SLURM each once, since pyxis and slurmstepd say the same on every
-    node."""
+    """This launch's lines of launcher.log; under SLURM each once (pyxis and slurmstepd say the same on every node)."""
     try:
         with log.open("rb") as file:
             file.seek(start - 1)
@@ -48,18 +44,8 @@ def launch_notes(log: Path, start: int, local: bool) -> list[bytes]:
     return lines if local else list(dict.fromkeys(lines))
 
 
-def report_launcher_notes(notes: list[bytes], log: Path, local: bool) -> None:
-    """No rank ended (none started, or none could record its end): the end of what srun or torchrun said, which holds
-    the cause (a container pyxis could not create, a step SLURM refused, a SRUNSH_PYTHON without torch)."""
-    said = [line for line in notes if not TASK_EXIT.search(line)][-LINES_SHOWN:]
-    if said:
-        say(f"srun.sh: the launch failed before any rank started; {'torchrun' if local else 'srun'} said ({log}):")
-        sys.stderr.buffer.write(indented(said))
-
-
 def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool) -> None:
-    """Every rank that ended was stopped by a signal that srun.sh did not send (scancel, a revoked allocation,
-    preemption, a time limit): say so, with what SLURM said, instead of naming a stopped rank as the failure."""
+    """Every rank that ended was stopped from outside (scancel, preemption, a limit): say so, not a rank's failure."""
     cancelled = [found for line in notes if (found := CANCELLED.search(line))][:5]
     steps = [found.group(2) for found in cancelled if found.group(1) == b"STEP"]
     what = f"job step {os.fsdecode(steps[0])}" if steps else "every rank"
@@ -74,8 +60,7 @@ def report_stopped_from_outside(notes: list[bytes], first: RankEnd, local: bool)
 
 
 def report(run_dir: Path, log_start: int, local: bool) -> int | None:
-    """The report; the status srun.sh exits with (the first failed rank's; 2 for the error every rank found), or None
-    when no rank ended."""
+    """The report; srun.sh's exit status (the first failed rank's; 2: every rank's error), or None if no rank ended."""
     logs = run_dir / "logs"
     usage_error = logs / "usage-error"
     if usage_error.is_file() and usage_error.stat().st_size:
@@ -83,8 +68,11 @@ def report(run_dir: Path, log_start: int, local: bool) -> int | None:
         return 2
     ends = rank_ends(logs)
     notes = launch_notes(logs / "launcher.log", log_start, local)
-    if not ends:
-        report_launcher_notes(notes, logs / "launcher.log", local)
+    if not ends:  # none started, or none could record its end: what srun or torchrun said holds the cause
+        if said := [line for line in notes if not TASK_EXIT.search(line)][-LINES_SHOWN:]:
+            launcher = "torchrun" if local else "srun"
+            say(f"srun.sh: the launch failed before any rank started; {launcher} said ({logs / 'launcher.log'}):")
+            sys.stderr.buffer.write(indented(said))
         return None
     first = ends[0]
     failed = f"srun.sh: rank {first.rank} on {first.host} failed first, with exit status {first.status}"

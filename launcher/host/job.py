@@ -1,6 +1,4 @@
-"""The job a launch runs as: its nodes, its run (id, folder, lock) and its rendezvous address and port. A new run
-takes its id by creating its folder, atomic on shared file systems too, and a launch holds its run's lock (flock) while
-it runs, so that launches started together never share a run (docs/launch.md, "Each launch takes a run of its own")."""
+"""The job a launch runs as: its nodes, its run (id, folder, lock), its rendezvous address and port (docs/launch.md)."""
 
 from __future__ import annotations
 
@@ -63,8 +61,7 @@ def unwritable(path: str, error: OSError) -> UsageError:
 
 
 def claim_run_dir(plan: LaunchPlan, new_run: bool) -> int:
-    """The run's folder, taken, and its lock held; how many ids of this second a new run found taken (its id then
-    gets -N)."""
+    """The run's folder, taken and locked; how many ids of this second were taken (its id then gets -N)."""
     base, taken = plan.run_id, 0
     with private_files():
         try:
@@ -86,8 +83,7 @@ def claim_run_dir(plan: LaunchPlan, new_run: bool) -> int:
 
 
 def lock_run(run_id: str, path: str) -> None:
-    """Holds the lock on PATH until this process and those it starts have ended (they inherit its descriptor, left
-    open), and notes who holds it."""
+    """Holds PATH's lock until this process and its children end (they inherit its descriptor); notes the holder."""
     with private_files():
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     os.set_inheritable(fd, True)
@@ -109,8 +105,7 @@ def lock_run(run_id: str, path: str) -> None:
 
 
 def resolve_job(plan: LaunchPlan, knobs: Knobs) -> bool:
-    """The job facts every rank shares, into PLAN: the run and the nodes, with MASTER_ADDR. Whether the launch resumes
-    an earlier run. Nothing is written yet (take_run)."""
+    """The job facts every rank shares into PLAN (run, nodes, MASTER_ADDR); whether it resumes a run. Writes nothing."""
     plan.run_id = name_run(knobs["SRUNSH_RUN_ID"], plan.local)
     plan.hosts, plan.master_addr = resolve_hosts(plan.local, knobs["MASTER_ADDR"])
     return bool(knobs["SRUNSH_RUN_ID"]) and os.path.isdir(plan.run_dir)

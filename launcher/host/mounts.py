@@ -1,8 +1,4 @@
-"""Which mount holds a path: among SRUNSH_MOUNT's entries (pyxis's SRC:DST[:FLAGS], what the container sees), and in
-this host's own mount table (/proc/self/mounts), where SRUNSH_COMPILE_CACHE, the node-local directory of every rank's
-Triton and TorchInductor caches (docs/launch.md, "Start-up"), must not be on a file system the nodes share: Triton's
-cache writes race across nodes there (stale file handles, EBUSY: triton-lang/triton#11512, pytorch/pytorch#173679).
-As this host sees it: the nodes mount the same paths in a homogeneous cluster."""
+"""Which mount holds a path: SRUNSH_MOUNT's entries, and this host's for SRUNSH_COMPILE_CACHE (docs/launch.md)."""
 
 from __future__ import annotations
 
@@ -29,8 +25,6 @@ def holds(point: str, path: str) -> bool:
 
 @dataclasses.dataclass
 class Mount:
-    """One SRUNSH_MOUNT entry."""
-
     src: str
     dst: str
     flags: str
@@ -76,8 +70,7 @@ def mount_table(text: str) -> list[tuple[str, str]]:
 
 
 def file_system_type(path: str, table: list[tuple[str, str]]) -> str:
-    """The type of the file system that holds PATH (absolute, symlinks resolved), or would hold it once created:
-    the mount at the longest mount point above it, the last one mounted there."""
+    """The file system type holding PATH, or to hold it: the longest mount point above it, the last mounted there."""
     found, depth = "", -1
     for point, kind in table:
         if holds(point, path) and len(point) >= depth:
@@ -86,8 +79,7 @@ def file_system_type(path: str, table: list[tuple[str, str]]) -> str:
 
 
 def shared_file_system(directory: str, mounts_text: str) -> str:
-    """The type of the file system the nodes share that DIRECTORY is on, as MOUNTS_TEXT (this host's
-    /proc/self/mounts) places it; "" when it is on a disk of this host's own."""
+    """The shared file system type DIRECTORY is on, as MOUNTS_TEXT (/proc/self/mounts) places it; "" on a local disk."""
     kind = file_system_type(os.path.realpath(directory), mount_table(mounts_text))
     return kind if kind in SHARED_TYPES else ""
 

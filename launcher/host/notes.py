@@ -1,13 +1,4 @@
-"""The launcher's own account of a launch: each line srun or torchrun print goes, whole and as it arrives, to
-RUN_DIR/logs/launcher.log, the console, or both, so that the console shows the ranks' output and srun.sh's own report,
-not the launcher's noise.
-
-- LOCAL=1 (torchrun): its log and failure report go to the log only; the ranks' lines (labelled "RANK: ") and
-  srun.sh's reach the console.
-- LOCAL=0 (SLURM): srun's per-task status lines, its cancellation notices and pyxis's (one set a node) go to the log
-  only, since srun.sh reports the first failure, or the cause pyxis or SLURM gave, itself; srun's other lines (a step
-  waiting for resources, an error creating it) reach both; the ranks' lines reach the console.
-"""
+"""Where each line srun or torchrun print goes: RUN_DIR/logs/launcher.log, the console, or both (docs/launch.md)."""
 
 import re
 from typing import BinaryIO

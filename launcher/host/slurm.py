@@ -1,6 +1,4 @@
-"""What the launching host asks SLURM and the network: the job's nodes and state, the launch's step, the cluster's
-settings, and the rendezvous address of a SLURM launch: an address of the job's first node that the other nodes reach,
-never a loopback one (Debian and Ubuntu map a host's own name to 127.0.1.1; docs/launch.md, "The master address")."""
+"""What the launching host asks SLURM and the network, the master address among it (docs/launch.md)."""
 
 from __future__ import annotations
 

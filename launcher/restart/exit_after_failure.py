@@ -1,8 +1,4 @@
-"""A rank whose training raised exits within GRACE_S, also when Megatron Bridge 0.6.2's clean-up after the error (its
-abort of the process groups, after it logged the error) never returns: the error's record starts a timer, and when it
-runs out the rank says so and exits 1. train()'s own sys.exit(), logged as "Pretrain failed ... SystemExit: 0", is no
-failure: the rank says so at once and exits with the status it chose after EXIT_GRACE_S, inside the 30 s grace that
-torchrun and SLURM give a stopped rank (docs/failures.md, upstream defects)."""
+"""A rank whose training raised exits within GRACE_S, even if the clean-up after the error hangs (docs/failures.md)."""
 
 import logging
 import os

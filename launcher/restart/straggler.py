@@ -1,8 +1,4 @@
-"""Straggler detection (nvidia-resiliency-ext's, with nvrx_straggler.enabled=true; docs/failures.md) made visible:
-every record of its logger goes to RUN_DIR/stragglers.log (the GPUs' scores), and each straggler found is one console
-line naming its rank and host, as is the stop with nvrx_straggler.stop_if_detected=true. Megatron Bridge 0.6.2's
-manager logs on rank 0: "STRAGGLER DETECTION WARNING: ... Affected ranks: {StragglerId(rank=3, node='node2')}" ("worse
-relative performance" or "performance dropped"), and STOPPING when it stops training."""
+"""Straggler detection made visible: RUN_DIR/stragglers.log and a console line a straggler (docs/failures.md)."""
 
 import logging
 import re
