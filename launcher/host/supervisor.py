@@ -21,7 +21,7 @@ from typing import BinaryIO
 if not __package__:  # run as a script (srun.sh): the repository, two folders up, holds the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from launcher import run_files
+from launcher import run_files, trackers
 from launcher.errors import UsageError, say
 from launcher.hang.watch import watch
 from launcher.health.exclude_nodes import exclude
@@ -303,6 +303,7 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
         return supervisor.run()
     finally:
         supervisor.remove_shared_container()
+        trackers.say_uploads(plan.run_dir)
 
 
 def main(argv: list[str]) -> int:
