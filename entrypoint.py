@@ -30,7 +30,7 @@ from typing import NoReturn, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recipes.shared; user recipes may too
 
-from launcher.errors import UsageError, from_srun_sh, report
+from launcher.errors import UsageError, report, stack_fix
 
 # --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
 # a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
@@ -60,12 +60,9 @@ def chatter_held_back(quiet: bool) -> Iterator[None]:
 
 def missing_stack(error: ImportError) -> UsageError:
     """An image or Python without Megatron Bridge: say which one, and how to get one that has it."""
-    image = from_srun_sh("SRUNSH_SQSH")  # set for the ranks srun.sh runs in its container
-    if image:
-        fix = f"the image {image} lacks it: rebuild it with 'make build', or point SRUNSH_SQSH at an image that has it"
-    else:
-        fix = f"install it with PYTHON={sys.executable} bash tools/install_python_stack.sh, or set SRUNSH_PYTHON"
-    return UsageError(f"{sys.executable} cannot import the training stack ({type(error).__name__}: {error}): {fix}")
+    return UsageError(
+        f"{sys.executable} cannot import the training stack ({type(error).__name__}: {error}): {stack_fix()}"
+    )
 
 
 # Python's cyclic garbage collector walks every object alive each time it makes a full pass, and the imports and the

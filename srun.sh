@@ -32,6 +32,10 @@
 # persistent (docs/failures.md). SIGINT or SIGTERM to
 # srun.sh sends SIGTERM to every rank, after it wrote RUN_DIR/hang-report.txt: where every rank is (its Python stacks,
 # torch's flight recorder), and which ranks are not in the collective the others wait in.
+#
+# Trackers: TensorBoard in RUN_DIR/tb_logs; logger.wandb_project=NAME (W&B), logger.mlflow_experiment=NAME (MLflow) log
+# offline into RUN_DIR unless WANDB_MODE or MLFLOW_TRACKING_URI say otherwise; the launch's end prints the command that
+# uploads (wandb sync) or shows (mlflow server) it. Keys and tokens (WANDB_API_KEY, ...) go in the environment only.
 set -euo pipefail
 
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)

@@ -38,6 +38,14 @@ def from_srun_sh(name: str) -> str | None:
     return os.environ.get(name) if "RUN_DIR" in os.environ else None
 
 
+def stack_fix() -> str:
+    """How a rank's Python gets what the pinned stack holds: from the image srun.sh ran it in, or by an install."""
+    image = from_srun_sh("SRUNSH_SQSH")  # set for the ranks srun.sh runs in its container
+    if image:
+        return f"the image {image} lacks it: rebuild it with 'make build', or point SRUNSH_SQSH at an image that has it"
+    return f"install it with PYTHON={sys.executable} bash tools/install_python_stack.sh, or set SRUNSH_PYTHON"
+
+
 def say(line: str) -> None:
     """A line of srun.sh's on stderr, as bytes: a path that is no UTF-8 keeps its own."""
     sys.stderr.buffer.write(os.fsencode(f"{line}\n"))

@@ -1,8 +1,9 @@
 """Every check of a resolved config before any rank joins the job, each failure a one-line UsageError: its profilers
-(one at most, a window inside the run, ranks inside the job), Megatron Bridge's own validation (runtime_config_update,
-ending in ConfigContainer.validate(), on a copy, for the ranks that train) and what upstream leaves to a later failure
-(CUDA graphs without TE's RNG tracker, expert parallelism that does not divide the ranks), in-process restart's
-(launcher/restart/inprocess.py) and the data's (launcher/config/data.py), in that order."""
+(one at most, a window inside the run, ranks inside the job), its trackers (launcher/trackers.py), Megatron Bridge's
+own validation (runtime_config_update, ending in ConfigContainer.validate(), on a copy, for the ranks that train) and
+what upstream leaves to a later failure (CUDA graphs without TE's RNG tracker, expert parallelism that does not divide
+the ranks), in-process restart's (launcher/restart/inprocess.py) and the data's (launcher/config/data.py), in that
+order."""
 
 import copy
 import os
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 import torch
 from megatron.bridge.training.config import ConfigContainer, runtime_config_update
 
+from launcher import trackers
 from launcher.checkpoints import defaults
 from launcher.config import data
 from launcher.config.run_env import set_cuda_device_max_connections
@@ -31,6 +33,7 @@ def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
     active = restart.active_world_size if restart is not None and restart.enabled else None
     training = world_size if world_size is None or active is None else active
     check_profiling(cfg, training)
+    trackers.check(cfg)
     check_cuda_graph_rng(cfg)
     if training is not None:
         check_expert_parallelism(upstream_validated(cfg, training) or cfg, training)

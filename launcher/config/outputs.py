@@ -1,7 +1,7 @@
 """Where a run writes: every output path carries the recipe and the run id, so two jobs never share a directory and a
 new job never resumes from another job's checkpoints.
 
-    $OUTPUT_ROOT/<recipe>/<RUN_ID>/  config.yaml  launch.json  checkpoints/  tb_logs/  viztracer/
+    $OUTPUT_ROOT/<recipe>/<RUN_ID>/  config.yaml  launch.json  checkpoints/  tb_logs/  viztracer/  (wandb/  mlruns/)
 """
 
 import json
@@ -91,12 +91,12 @@ def recorded_environment() -> dict[str, str]:
 
 
 def save_run_record(cfg: ConfigContainer, directory: Path) -> None:
-    """config.yaml (the resolved config) and launch.json (command, environment, versions), to reproduce the run. The
-    directory this creates and both files are for their owner only: outputs often sit on a file system every user of
-    the cluster mounts, and a record holds paths, hosts and settings."""
+    """config.yaml (the resolved config) and launch.json (command, environment, versions), to reproduce the run, the
+    credentials of URLs left out. The directory this creates and both files are for their owner only: outputs often sit
+    on a file system every user of the cluster mounts, and a record holds paths, hosts and settings."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     directory.mkdir(mode=0o700, exist_ok=True)
-    write_private(directory / "config.yaml", config_yaml(cfg))
+    write_private(directory / "config.yaml", without_url_credentials(config_yaml(cfg)))
     record = {
         "argv": [without_url_credentials(argument) for argument in sys.argv],
         "environment": recorded_environment(),

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 import viztracer_plugin
+from launcher import trackers
 from launcher.config import outputs
 from launcher.errors import UsageError, first_line
 
@@ -42,6 +43,7 @@ def configured(recipe: ModuleType, overrides: list[Override], run_dir: Path) -> 
     outputs.place_outputs(cfg, run_dir)
     config_overrides, preset = choose_preset(cfg, config_overrides)
     applied = {**kwargs, **preset, **apply(cfg, config_overrides)}
+    trackers.place(cfg, run_dir, set(applied))
     # A run resumes from its own checkpoints (a requeued job, SRUNSH_RUN_ID=<earlier>), but some upstream recipes (the
     # vanilla GPT one) save without loading. A new run's directory holds none, and Megatron Bridge then starts fresh.
     if cfg.checkpoint.load is None:

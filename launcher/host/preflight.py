@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from launcher import trackers
 from launcher.assignments import assignment
 from launcher.errors import UsageError, q
 from launcher.host.mounts import Mount, container_path, mount_of, node_directory, split_mount
@@ -325,6 +326,7 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
         container_paths(knob, plan, os.path.realpath(recipe))
     else:
         host_paths(plan, recipe)
+        trackers.check_installed(plan.python, words[1:])
     if sbatch_args is not None:
         check_time_limit(sbatch_args, knob["SRUNSH_SAVE_LEAD_S"])
     plan.overrides = [] if plan.health_only else [*words[1:], *default_overrides(plan, words[1:])]

@@ -21,7 +21,7 @@ from typing import BinaryIO
 if not __package__:  # run as a script (srun.sh): the repository, two folders up, holds the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from launcher import run_files
+from launcher import run_files, trackers
 from launcher.checkpoints import plan as saves
 from launcher.errors import UsageError, say
 from launcher.hang.watch import watch
@@ -318,6 +318,7 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
     finally:
         supervisor.remove_shared_container()
         supervisor.account(status)
+        trackers.say_uploads(plan.run_dir)
 
 
 def main(argv: list[str]) -> int:
