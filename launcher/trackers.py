@@ -1,8 +1,4 @@
-"""The experiment trackers Megatron Bridge 0.6 logs to from the job's last rank, besides TensorBoard: Weights & Biases
-(logger.wandb_project=NAME) and MLflow (logger.mlflow_experiment=NAME). Compute nodes often have no route to the
-internet: a tracker writes offline into RUN_DIR unless the user chose otherwise, and the launch's end prints what
-uploads or shows it. Keys and tokens (WANDB_API_KEY, ...) reach the ranks in the environment, which no run record holds.
-Standard library only: the launching host checks and reports with it, the ranks check and place with it."""
+"""The experiment trackers W&B and MLflow: checked, offline into RUN_DIR (docs/launch.md). Standard library only."""
 
 import importlib.util
 import os
@@ -32,10 +28,7 @@ def check(cfg: Any) -> None:
 
 
 def place(cfg: Any, run_dir: Path, given: set[str]) -> None:
-    """Each tracker turned on is named after the run and writes into RUN_DIR, offline, unless the user (GIVEN: the
-    overrides' keys; WANDB_MODE, WANDB_DIR, MLFLOW_TRACKING_URI) chose otherwise. env_vars record the variables as the
-    rank has them (Megatron Bridge sets only those the environment lacks); MLflow 3.18 refuses a file store without
-    MLFLOW_ALLOW_FILE_STORE."""
+    """Each tracker on is named after the run and writes into RUN_DIR, offline, unless the user chose otherwise."""
     logger, run_id = cfg.logger, run_dir.name
     if logger.wandb_project:
         logger.wandb_exp_name = logger.wandb_exp_name or run_id

@@ -1,6 +1,4 @@
-"""What a batch job or an in-process-restart launch saves (srun.sh sets SRUNSH_KEEP_WORK=1): the intervals the
-recipe and the command line leave open are chosen while training (intervals.py), and local checkpoints, once turned
-on, go to each node's own disk (docs/failures.md). Nothing here writes a checkpoint: Megatron Bridge does."""
+"""What a batch job or an in-process-restart launch saves (docs/failures.md, "In the code")."""
 
 import os
 from pathlib import Path
@@ -27,8 +25,7 @@ def local_directory() -> str | None:
 
 
 def apply(cfg: ConfigContainer, given: set[str]) -> None:
-    """Local checkpoints, where turned on, in this run's folder of SRUNSH_LOCAL_CKPT_DIR unless GIVEN (the keys the
-    command line set) names another."""
+    """Local checkpoints, where on, in this run's folder of SRUNSH_LOCAL_CKPT_DIR unless GIVEN names another."""
     ckpt = cfg.checkpoint
     if ckpt.non_persistent_ckpt_type == "local" and f"{KEY}non_persistent_local_ckpt_dir" not in given:
         ckpt.non_persistent_local_ckpt_dir = local_directory() or ckpt.non_persistent_local_ckpt_dir

@@ -1,8 +1,4 @@
-"""The checkpoint intervals that the command line and the recipe left open, chosen while training by Young's and
-Daly's optimum, tau = sqrt(2 * delta * M) - delta, from each save's measured delta and SRUNSH_MTBF_S's M
-(docs/failures.md). Megatron Bridge reads both intervals from the config at every step, so setting them is all it
-takes; a persistent save and a local one due at the same step make one persistent save.
-"""
+"""The checkpoint intervals left open, chosen while training by Young/Daly's optimum (docs/failures.md)."""
 
 import math
 import os
@@ -22,14 +18,12 @@ LOCAL, PERSISTENT = "non_persistent_save_interval", "save_interval"
 
 
 def optimum_s(save_s: float, mtbf_s: float) -> float:
-    """Daly's first-order optimum interval in seconds, for a save that holds training SAVE_S and a fault every MTBF_S;
-    never below the save itself."""
+    """Daly's optimum interval in seconds for a save of SAVE_S and a fault every MTBF_S; never below the save."""
     return max(math.sqrt(2 * save_s * mtbf_s) - save_s, save_s)
 
 
 class Intervals:
-    """Chooses the intervals in TO_CHOOSE from each save's measured cost; the same object across in-process
-    restarts (Megatron Bridge's callback manager outlives them), so what it learned survives a restart."""
+    """Chooses the intervals in TO_CHOOSE from each save's measured cost; it outlives in-process restarts."""
 
     def __init__(self, to_choose: set[str], mtbf_s: float) -> None:
         self.to_choose, self.mtbf_s = to_choose, mtbf_s

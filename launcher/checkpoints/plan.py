@@ -1,5 +1,4 @@
-"""The launching host's side of what a launch saves: whether its ranks keep work by default (a batch job, in-process
-restart), the fault rate their intervals are chosen for, and the header's line. Standard library only."""
+"""The launching host's side of what a launch saves (docs/failures.md, "In the code"). Standard library only."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""A launch's wall time, at its end, split into start-up, steps that count, checkpoints, each fault's restart and steps
-trained again, waiting and clean-up, from rank 0's hang/timeline.log (progress.py) and restarts.log, into
-RUN_DIR/goodput.json (its total covers the run's attempts: a requeued batch job's) and one line on stdout, as the
-health table. Each stretch between two records (and before the first, after the last) goes to one part: they add up to
-the wall time (records clamped into it; JSON to 1 ms, the line to 1 s). The first step after the start or a fault
-takes one typical (median) step of its stretch. A restart resuming at step N lost the completions of N on that counted;
-an attempt starting at a step an earlier one completed lost the earlier one's from there, at its mean. Stdlib only."""
+"""A launch's wall time split into its parts, into RUN_DIR/goodput.json and one line (docs/failures.md). Stdlib only."""
 
 import dataclasses
 import json

@@ -1,5 +1,4 @@
-"""The rank's side of in-process restart (nvidia-resiliency-ext, as Megatron Bridge 0.6.2 integrates it): the checks
-that upstream leaves to a failure on every rank after start-up, and the CallWrapper that upstream's adapter drops."""
+"""The rank's side of in-process restart: upstream's late checks made early, and the dropped CallWrapper passed."""
 
 import inspect
 import os
@@ -13,10 +12,7 @@ from launcher.restart.plan import plan
 
 
 def pass_the_call_wrapper() -> None:
-    """Wraps Megatron Bridge 0.6.2's training.inprocess_restart.inprocess_restart(), whose adapter around _pretrain,
-    `_adapter(*args, **kwargs)`, lacks the parameter annotated CallWrapper that NVRx passes its CallWrapper to:
-    _pretrain would never learn it restarts (its own clean-up runs first, every restart under one store prefix). The
-    adapter gets the signature NVRx looks for; its code stays upstream's (docs/failures.md, upstream defects)."""
+    """Gives upstream's adapter around _pretrain the CallWrapper parameter NVRx looks for (docs/failures.md)."""
     from megatron.bridge.training import inprocess_restart as bridge
     from nvidia_resiliency_ext.inprocess import CallWrapper
 
@@ -69,8 +65,7 @@ def check_timeouts(config: InProcessRestartConfig) -> None:
 
 
 def check_node_layer(config: InProcessRestartConfig, per_node: int) -> None:
-    """Megatron Bridge sizes NVRx's per-node layer by torch.cuda.device_count(), not by the ranks a node runs: with
-    fewer ranks a node than GPUs no node would ever be complete."""
+    """NVRx's per-node layer is sized by the GPUs a node shows: a node must run one rank per GPU."""
     if config.granularity != "node" or not per_node or not torch.cuda.is_available():
         return
     devices = torch.cuda.device_count()

@@ -1,9 +1,4 @@
-"""One line per in-process restart, on the console (rank 0's) and in RUN_DIR/restarts.log: which rank, why, when, and
-the seconds until the next completed training step, from what nvidia-resiliency-ext's Wrapper logs (RAISED on the rank
-that raised, INTERRUPTED on every rank, then RESTARTING). Megatron Bridge drops the INTERRUPTED warning by default
-(docs/failures.md): the ranks that raised then name the cause, each in RUN_DIR/restarts/rank-R.txt. The iteration's
-active rank 0 writes the line once the next step completes, and meanwhile marks the progress record "restarting" (the
-hang watch's start-up limit then applies)."""
+"""One line per in-process restart, on the console and in RUN_DIR/restarts.log (docs/failures.md, "In the code")."""
 
 import dataclasses
 import logging
@@ -68,8 +63,7 @@ class RestartLog(logging.Handler):
             progress.Recorder(self.run_dir, 0).record(progress.LAST.step or 0, "restarting")
 
     def step_completed(self, step: int, save_dir: str | None = None) -> str | None:
-        """The restart's line, once its next step completed (rank 0 only); None otherwise. SAVE_DIR: the persistent
-        checkpoints'."""
+        """The restart's line, once its next step completed (rank 0 only); None otherwise."""
         pending, self.pending = self.pending, None
         if pending is None:
             return None

@@ -1,7 +1,4 @@
-"""The launching host's plan for in-process restart (nvidia-resiliency-ext's Wrapper around Megatron Bridge's
-pretrain()), from the launch's NAME=VALUE arguments before the step starts (a step with --kill-on-bad-exit would end
-at the first failed rank), and its outcome after a rank failed. Standard library only: the ranks check the resolved
-config again (launcher/restart/inprocess.py)."""
+"""The launching host's plan for in-process restart, and its outcome (docs/failures.md). Standard library only."""
 
 from __future__ import annotations
 
