@@ -1,6 +1,4 @@
-"""The one exception type a user sees, and how a rank says it: one line, exit status 2, before any rank joins. srun.sh's
-supervisor on the launching host raises it too, and says it and its other lines there with `say`. Also what srun.sh
-handed a rank it started (from_srun_sh), which entrypoint.py reads before the training stack is imported."""
+"""The one exception type a user sees, how ranks and srun.sh say it, and what srun.sh handed a rank (docs/launch.md)."""
 
 import os
 import shlex
@@ -17,8 +15,7 @@ def first_line(error: Exception) -> str:
 
 
 def report(error: UsageError) -> None:
-    """One line on stderr. A rank that srun.sh started leaves it in its run's logs instead, and only the job's first
-    rank to get there does, so srun.sh prints it once for the whole job however many ranks found it."""
+    """One line on stderr; a rank srun.sh started leaves it in logs/usage-error, the job's first only, for srun.sh."""
     line = f"entrypoint.py: error: {error}\n"
     if "RANK" in os.environ and "RUN_DIR" in os.environ:
         try:
@@ -33,8 +30,7 @@ def report(error: UsageError) -> None:
 
 
 def from_srun_sh(name: str) -> str | None:
-    """NAME as srun.sh set it for the rank it started (it gives every rank RUN_DIR); None in any other process, where a
-    value the host exports for srun.sh itself (SRUNSH_SQSH, SRUNSH_MOUNT, SRUNSH_NSYS) means nothing."""
+    """NAME as srun.sh set it for the rank it started (it gives every rank RUN_DIR); None in any other process."""
     return os.environ.get(name) if "RUN_DIR" in os.environ else None
 
 
@@ -53,16 +49,14 @@ def say(line: str) -> None:
 
 
 def q(value: str) -> str:
-    """VALUE as one shell word on one line, for messages and printed commands: shlex's quoting, or bash's $'...' where
-    VALUE holds a character that does not print (a newline would break the line)."""
+    """VALUE as one shell word on one line: shlex's quoting, or bash's $'...' where a character does not print."""
     if value.isprintable():
         return shlex.quote(value)
     return "$'" + "".join(map(ansi_c_char, value)) + "'"
 
 
 def ansi_c_char(char: str) -> str:
-    """CHAR inside $'...': itself where it prints, else its bytes as \\xHH (a byte that os.fsdecode could not decode
-    is a lone surrogate, written as that byte)."""
+    """CHAR inside $'...': itself where it prints, else its bytes as \\xHH (a lone surrogate as its byte)."""
     if char.isprintable() and char not in "\\'":
         return char
     return "".join(f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogateescape"))

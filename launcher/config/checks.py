@@ -1,9 +1,4 @@
-"""Every check of a resolved config before any rank joins the job, each failure a one-line UsageError: its profilers
-(one at most, a window inside the run, ranks inside the job), its trackers (launcher/trackers.py), Megatron Bridge's
-own validation (runtime_config_update, ending in ConfigContainer.validate(), on a copy, for the ranks that train) and
-what upstream leaves to a later failure (CUDA graphs without TE's RNG tracker, expert parallelism that does not divide
-the ranks), in-process restart's (launcher/restart/inprocess.py) and the data's (launcher/config/data.py), in that
-order."""
+"""Every check of a resolved config before any rank joins the job, each a one-line UsageError (docs/checks.md)."""
 
 import copy
 import os
@@ -26,8 +21,7 @@ REFUSALS = (AssertionError, ValueError, TypeError, KeyError, NotImplementedError
 
 
 def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
-    """Every check, in the order a user meets their errors; world_size: the job's ranks, None where unknown (then
-    what depends on it is left out)."""
+    """Every check, in the order a user meets their errors; world_size None: what depends on it is left out."""
     # With in-process restart, active_world_size of the job's ranks train; the rest are warm spares.
     restart = cfg.inprocess_restart
     active = restart.active_world_size if restart is not None and restart.enabled else None
@@ -43,8 +37,7 @@ def check_config(cfg: ConfigContainer, world_size: int | None) -> None:
 
 
 def check_profiling(cfg: ConfigContainer, world_size: int | None) -> None:
-    """One profiler at most, its window inside the run and, where world_size (the ranks that train) is known, its
-    ranks inside the job."""
+    """One profiler at most, its window inside the run and its ranks inside the job (the ranks that train)."""
     profilers = active_profilers(cfg.profiling)
     if len(profilers) > 1:
         listed = " and ".join(f"profiling.{name}" for name in profilers)
@@ -82,8 +75,7 @@ def check_cuda_graph_rng(cfg: ConfigContainer) -> None:
 
 @contextmanager
 def job_environment(cfg: ConfigContainer, world_size: int) -> Iterator[None]:
-    """The environment the job's ranks will have, while the check runs: Megatron Bridge reads WORLD_SIZE and
-    CUDA_DEVICE_MAX_CONNECTIONS (set per job), and its runtime update exports the recipe's env_vars."""
+    """The environment the job's ranks will have (WORLD_SIZE, CUDA_DEVICE_MAX_CONNECTIONS), while the check runs."""
     before = dict(os.environ)
     os.environ["WORLD_SIZE"] = str(world_size)
     set_cuda_device_max_connections(cfg)
@@ -95,10 +87,7 @@ def job_environment(cfg: ConfigContainer, world_size: int) -> Iterator[None]:
 
 
 def upstream_validated(cfg: ConfigContainer, world_size: int) -> ConfigContainer | None:
-    """A copy of cfg after what pretrain() does to it before initializing anything (runtime_config_update(): the
-    mixed-precision and overlap settings, then validate(), which fills in expert TP and DP size). None without a GPU
-    where validate() asks for one (DeepEP's dispatcher): every rank validates again on its GPU before distributed init.
-    """
+    """A copy of cfg after pretrain()'s runtime_config_update(); None without a GPU where it needs one."""
     validated = copy.deepcopy(cfg)
     with job_environment(validated, world_size):
         try:

@@ -1,8 +1,4 @@
-"""Where a run writes: every output path carries the recipe and the run id, so two jobs never share a directory and a
-new job never resumes from another job's checkpoints.
-
-    $OUTPUT_ROOT/<recipe>/<RUN_ID>/  config.yaml  launch.json  checkpoints/  tb_logs/  viztracer/  (wandb/  mlruns/)
-"""
+"""Where a run writes: $OUTPUT_ROOT/<recipe>/<RUN_ID>/, its record and its outputs (docs/launch.md, "In the code")."""
 
 import json
 import os
@@ -48,8 +44,7 @@ UPSTREAM_DEFAULT = Path.cwd() / "nemo_experiments" / "default"
 
 
 def run_dir(recipe: Path) -> Path:
-    """srun.sh's RUN_DIR; a bare `python entrypoint.py` makes its own from OUTPUT_ROOT, the recipe and RUN_ID (the
-    SLURM job id on a cluster, else its pid)."""
+    """srun.sh's RUN_DIR; else OUTPUT_ROOT/<recipe>/<RUN_ID, the SLURM job id or the pid>."""
     if "RUN_DIR" in os.environ:
         return Path(os.environ["RUN_DIR"]).absolute()
     run_id = os.environ.get("RUN_ID") or os.environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
@@ -91,9 +86,7 @@ def recorded_environment() -> dict[str, str]:
 
 
 def save_run_record(cfg: ConfigContainer, directory: Path) -> None:
-    """config.yaml (the resolved config) and launch.json (command, environment, versions), to reproduce the run, the
-    credentials of URLs left out. The directory this creates and both files are for their owner only: outputs often sit
-    on a file system every user of the cluster mounts, and a record holds paths, hosts and settings."""
+    """config.yaml and launch.json, to reproduce the run, without URL credentials and for their owner only."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     directory.mkdir(mode=0o700, exist_ok=True)
     write_private(directory / "config.yaml", without_url_credentials(config_yaml(cfg)))

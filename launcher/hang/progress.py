@@ -1,16 +1,4 @@
-"""Training progress as the hang watch (launcher/hang/watch.py) sees it: rank 0 rewrites RUN_DIR/hang/progress.json
-(write, then rename) after every completed step. One rank is enough: a stuck rank stops every other rank within a
-step, at its next collective.
-
-    {"step": 42, "phase": "training", "time": 1796117746.2, "longest_step_s": 0.13}
-
-`phase` is "training" after a training or evaluation step, "saving" when a checkpoint save follows the step (a save
-may take minutes without a step; the watch waits for the next record instead), "ended" once training is over,
-"restarting" while an in-process restart starts training again (launcher/restart/log.py). Every rank keeps the same in
-memory (LAST) for its hang-report answer: with it the report tells a stop of a progressing job from a stall, on the
-rank's own clock. Rank 0 appends each to hang/timeline.log too ("TIME STEP PHASE", a save's end "saved"), for the
-goodput line (launcher/host/goodput.py). Standard library only: the launching host reads these records too.
-"""
+"""Training progress: rank 0's RUN_DIR/hang/progress.json and timeline.log (docs/health.md). Standard library only."""
 
 import dataclasses
 import json
@@ -26,8 +14,7 @@ TIMELINE_FILE = "timeline.log"
 
 @dataclasses.dataclass
 class Last:
-    """This rank's last record, and the longest time between two records that followed a training step (the gap
-    after a checkpoint save, and the start before the first step, are not a step's)."""
+    """This rank's last record, and the longest time between two records that followed a training step."""
 
     step: int | None = None
     time: float | None = None  # time.time() of the record
@@ -82,15 +69,13 @@ class Recorder:
 
 
 def saving_after(checkpoint: Any, step: int) -> bool:
-    """Whether Megatron Bridge saves a checkpoint after completed step `step` (its regular and non-persistent
-    intervals, as checkpoint_and_decide_exit() tests them)."""
+    """Whether Megatron Bridge saves a checkpoint after completed step `step` (either interval)."""
     intervals = (checkpoint.save_interval, getattr(checkpoint, "non_persistent_save_interval", None))
     return bool(checkpoint.save) and any(interval and step % interval == 0 for interval in intervals)
 
 
 def register(callbacks: Registry, run_dir: Path, rank: int) -> None:
-    """Record progress from Megatron Bridge's training callbacks. on_train_step_end fires before the loop counts the
-    step (train_state.step is the step's index), so the completed step is that index + 1."""
+    """Record progress from Megatron Bridge's training callbacks (the completed step: train_state.step + 1)."""
     recorder = Recorder(run_dir, rank)
 
     def step_end(context: Any) -> None:

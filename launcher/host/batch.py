@@ -1,7 +1,4 @@
-"""Batch jobs: `srun.sh --sbatch SBATCH_OPTION... -- LAUNCH...` submits; the job's own `srun.sh --batch-job LAUNCH...`
-saves before its time limit and requeues itself, after a failure up to SRUNSH_MAX_RETRIES times, and each time it
-resumes from its latest checkpoint. SIGTERM to the job (scancel, preemption) requeues nothing: SLURM requeues a
-preempted job itself."""
+"""Batch jobs: srun.sh --sbatch submits; the job's srun.sh --batch-job saves and requeues itself (docs/launch.md)."""
 
 from __future__ import annotations
 
@@ -77,9 +74,7 @@ def submit(words: list[str], knobs: Knobs) -> int:
 
 
 class BatchJob:
-    """A batch job's knobs, its run (the job's id unless the user named one) and its time limit: SLURM signals USR1
-    SRUNSH_SAVE_LEAD_S before it (sbatch --signal=B:USR1), or up to a minute earlier (slurmctld looks at time limits
-    every 30 s), so it may come before training starts. Made at the job's start, or SLURM's USR1 would end it."""
+    """A batch job's knobs, its run and its time limit's USR1; made at the job's start (docs/launch.md)."""
 
     def __init__(self, knobs: Knobs) -> None:
         self.knobs, self.reached = knobs, False

@@ -46,8 +46,7 @@ def resolve_hosts(local: bool, master_addr: str) -> tuple[list[str], str]:
 
 
 def run_port(run_root: str, run_base: str, taken: int) -> str:
-    """20000-32767, derived from the run's folder (RUN_BASE: its id before a -N suffix), so that two runs on one node
-    differ; launches that took their ids in the same second differ by how many (TAKEN) were taken before."""
+    """20000-32767, from the run's folder (RUN_BASE: its id before -N) and the ids TAKEN before (docs/launch.md)."""
     checksum = zlib.crc32(os.fsencode(f"{run_root}/{run_base}"))
     return str(PORT_BASE + (checksum + taken) % PORT_SPAN)
 

@@ -1,6 +1,4 @@
-"""The launch plan: every fact of one launch that the launching host settled before anything started, typed. The
-supervisor and the commands it builds read it; it is written once, as RUN_DIR/launch-plan.json (launcher/run_files.py),
-the record of what the host decided."""
+"""The launch plan: every fact the launching host settled before anything started, kept as RUN_DIR/launch-plan.json."""
 
 from __future__ import annotations
 
@@ -67,8 +65,7 @@ class LaunchPlan:
 
     @property
     def pyxis_mounts(self) -> str:
-        """pyxis's --container-mounts: SRUNSH_MOUNT's, and the node directories (compile cache, local checkpoints) at
-        their own paths."""
+        """pyxis's --container-mounts: SRUNSH_MOUNT's, and the node directories at their own paths."""
         mounts = [mount for mount in self.container_mounts.split(",") if mount]
         for directory in (self.compile_cache, self.local_ckpt_dir if self.keep_work else ""):
             if directory and f"{directory}:{directory}" not in mounts:
