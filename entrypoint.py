@@ -32,9 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes import recip
 
 from launcher.errors import UsageError, report, stack_fix
 
-# --check and --print-config are read by srun.sh and by users: their stdout holds only the YAML or profile_ranks, and
-# a bad argument is one line on stderr. Megatron's imports and recipes print warnings (and bind log handlers to the
-# streams of the moment), so in those modes that chatter is held back, and shown only if something unexpected fails.
+# --check and --print-config: stdout holds only the YAML or profile_ranks; chatter held back (docs/launch.md).
 QUIET = bool({"--check", "--print-config"} & set(sys.argv[1:]))
 
 
@@ -65,16 +63,12 @@ def missing_stack(error: ImportError) -> UsageError:
     )
 
 
-# Python's cyclic garbage collector walks every object alive each time it makes a full pass, and the imports and the
-# recipe make some 900,000 of them: a rank started as a program holds it until its start-up is done
-# (start_up_done): the Llama recipe's --check took 7.8 s instead of 9.0 s on 2 CPU cores (bench/results/startup.md).
+# The cyclic garbage collector is held until start-up is done: 7.8 s instead of 9.0 s for a --check (docs/launch.md).
 COLLECTOR_HELD = __name__ == "__main__"
 if COLLECTOR_HELD:
     gc.disable()
 
-# multiprocessing's "spawn" runs this file again, as __mp_main__, in each process it starts before anything else there:
-# Megatron's checkpoint writer starts a Manager so at a run's first save. Such a process needs none of the training
-# stack, whose imports were most of the 28 s a first save took on the H200 (bench/results/gpu-suite.md).
+# A process multiprocessing's "spawn" starts (__mp_main__) needs none of the training stack (docs/launch.md).
 if __name__ != "__mp_main__":
     try:
         with chatter_held_back(QUIET):
@@ -151,9 +145,7 @@ def say_what_it_trains_on(cfg: ConfigContainer, stream: TextIO) -> None:
 
 
 def start_up_done() -> None:
-    """What start-up made (modules, classes, the config) is set aside for good, so that no collection of the training
-    walks it again (Megatron's CUDA graph capture does the same), and the collector runs again. The start-up's own
-    garbage, some 15,000 objects (8 MB), is set aside with it."""
+    """What start-up made is set aside for good (gc.freeze), and the collector runs again (docs/launch.md)."""
     if COLLECTOR_HELD:
         gc.freeze()
         gc.enable()

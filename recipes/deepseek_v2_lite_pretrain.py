@@ -1,7 +1,4 @@
-"""DeepSeek-V2-Lite (16B MoE, 2.4B active) pretraining on 8-GPU nodes; mock data unless data_paths= is given.
-
-salloc -N 2 ./srun.sh recipes/deepseek_v2_lite_pretrain.py hf_path=/fsx/models/deepseek-ai/DeepSeek-V2-Lite
-"""
+"""DeepSeek-V2-Lite (16B MoE, 2.4B active) on 8-GPU nodes; mock data without data_paths= (docs/checks.md)."""
 
 from megatron.bridge.recipes.deepseek.deepseek_v2 import deepseek_v2_lite_pretrain_config
 from megatron.bridge.training.config import ConfigContainer

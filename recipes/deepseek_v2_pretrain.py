@@ -1,7 +1,4 @@
-"""DeepSeek-V2 (236B MoE, 21B active) pretraining on 4 nodes of 8 H200 GPUs; mock data unless data_paths= is given.
-
-salloc -N 4 ./srun.sh recipes/deepseek_v2_pretrain.py hf_path=/fsx/models/deepseek-ai/DeepSeek-V2
-"""
+"""DeepSeek-V2 (236B MoE, 21B active) on 4 nodes of 8 H200s; mock data without data_paths= (docs/checks.md)."""
 
 import torch
 from megatron.bridge.recipes.deepseek.deepseek_v2 import deepseek_v2_pretrain_config

@@ -1,8 +1,4 @@
-"""Llama 3 8B pretraining as in llama3_8b_h200_pretrain.py, in FP8 with current scaling on every layer and Transformer
-Engine's operation fuser in the MLP: the fastest measured (docs/checks.md, "Recipes").
-
-    salloc -N 2 ./srun.sh recipes/llama3_8b_h200_fp8cs_pretrain.py
-"""
+"""Llama 3 8B on H200 GPUs in FP8 with current scaling and TE's operation fuser: the fastest (docs/checks.md)."""
 
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed

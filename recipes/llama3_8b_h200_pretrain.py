@@ -1,8 +1,4 @@
-"""Llama 3 8B pretraining as in llama3_8b_pretrain.py, for H200 GPUs ("141 GB"): micro-batch 2 instead of 1 (why:
-docs/checks.md, "Recipes").
-
-    salloc -N 2 ./srun.sh recipes/llama3_8b_h200_pretrain.py mixed_precision=bf16_with_fp8_current_scaling_mixed
-"""
+"""Llama 3 8B pretraining as in llama3_8b_pretrain.py, for H200 GPUs: micro-batch 2 instead of 1 (docs/checks.md)."""
 
 from megatron.bridge.training.config import ConfigContainer
 

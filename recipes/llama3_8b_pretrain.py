@@ -1,11 +1,4 @@
-"""Llama 3 8B pretraining with Megatron FSDP, no hub access; mock data unless data_paths= is given.
-
-The architecture comes from hf_configs/llama3_8b/config.json (Meta-Llama-3-8B's published shape); pass
-hf_path=/fsx/models/meta-llama/Meta-Llama-3-8B to start from real weights instead.
-
-    salloc -N 2 ./srun.sh recipes/llama3_8b_pretrain.py
-    ./srun.sh --local recipes/llama3_8b_pretrain.py mixed_precision=bf16_with_fp8_current_scaling_mixed
-"""
+"""Llama 3 8B pretraining with Megatron FSDP, no hub access; mock data unless data_paths= is given (docs/checks.md)."""
 
 from pathlib import Path
 

@@ -1,7 +1,4 @@
-"""Qwen3-30B-A3B (MoE, 3B active) pretraining on 2 nodes of 8 GPUs; mock data unless data_paths= is given.
-
-salloc -N 2 ./srun.sh recipes/qwen3_30b_a3b_pretrain.py hf_path=/fsx/models/Qwen/Qwen3-30B-A3B
-"""
+"""Qwen3-30B-A3B (MoE, 3B active) pretraining on 2 nodes of 8 GPUs; mock data without data_paths= (docs/checks.md)."""
 
 from megatron.bridge.recipes.qwen.h100.qwen3_moe import qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config
 from megatron.bridge.training.config import ConfigContainer

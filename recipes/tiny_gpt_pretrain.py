@@ -1,11 +1,4 @@
-"""A small GPT that trains offline on 1-2 GPUs in about a minute: the first run on a new machine or cluster.
-
-No hub, mock data, null tokenizer. Builds on Megatron Bridge's vanilla GPT recipe (Megatron-LM defaults). On your data,
-its vocabulary is the tokenizer's:
-
-    ./srun.sh --local recipes/tiny_gpt_pretrain.py
-    ./srun.sh --local recipes/tiny_gpt_pretrain.py data_paths=/fsx/data/web tokenizer_path=/fsx/models/my-tokenizer
-"""
+"""A small GPT that trains offline on 1-2 GPUs in about a minute: the first run on a new machine (docs/checks.md)."""
 
 from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
 from megatron.bridge.training.config import ConfigContainer

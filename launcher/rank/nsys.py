@@ -1,9 +1,4 @@
-"""srun.sh --nsys: a rank that profiling.profile_ranks names runs itself again under nsys once its config is resolved,
-so no pre-flight has to tell the launcher which ranks those are before they start.
-
-nsys records only between cudaProfilerStart/Stop, which Megatron Bridge calls at profile_step_start/end when
-profiling.use_nsys_profiler is on (srun.sh adds it); efa_metrics samples the EFA counters into the same timeline.
-"""
+"""srun.sh --nsys: a rank that profiling.profile_ranks names runs itself again under nsys (docs/profiling.md)."""
 
 import os
 import socket
