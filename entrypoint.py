@@ -56,13 +56,6 @@ def chatter_held_back(quiet: bool) -> Iterator[None]:
             sys.stderr.write(chatter.getvalue())
 
 
-def missing_stack(error: ImportError) -> UsageError:
-    """An image or Python without Megatron Bridge: say which one, and how to get one that has it."""
-    return UsageError(
-        f"{sys.executable} cannot import the training stack ({type(error).__name__}: {error}): {stack_fix()}"
-    )
-
-
 # The cyclic garbage collector is held until start-up is done: 7.8 s instead of 9.0 s for a --check (docs/launch.md).
 COLLECTOR_HELD = __name__ == "__main__"
 if COLLECTOR_HELD:
@@ -85,8 +78,9 @@ if __name__ != "__mp_main__":
             from launcher.rank import nsys
             from launcher.restart import exit_after_failure, inprocess, straggler
             from launcher.restart import log as restart_log
-    except ImportError as error:
-        report(missing_stack(error))
+    except ImportError as error:  # an image or Python without Megatron Bridge: which one, and how to get one with it
+        stack = f"{type(error).__name__}: {error}"
+        report(UsageError(f"{sys.executable} cannot import the training stack ({stack}): {stack_fix()}"))
         sys.exit(2)
 
 
@@ -144,13 +138,6 @@ def say_what_it_trains_on(cfg: ConfigContainer, stream: TextIO) -> None:
         print(f"entrypoint.py: {line}", file=stream, flush=True)
 
 
-def start_up_done() -> None:
-    """What start-up made is set aside for good (gc.freeze), and the collector runs again (docs/launch.md)."""
-    if COLLECTOR_HELD:
-        gc.freeze()
-        gc.enable()
-
-
 def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: list[str]) -> None:
     profiled = nsys.profile_command(cfg, [sys.argv[0], *argv])
     if profiled is not None:
@@ -194,7 +181,9 @@ def main(argv: list[str]) -> int:
             ranks = checks.profiled_ranks(cfg, world_size(args) or 1)
             print("profile_ranks=" + ",".join(str(rank) for rank in ranks))
         else:
-            start_up_done()
+            if COLLECTOR_HELD:  # what start-up made is set aside for good, and the collector runs again
+                gc.freeze()
+                gc.enable()
             train(cfg, args.recipe, applied, argv)
     except UsageError as error:
         report(error)

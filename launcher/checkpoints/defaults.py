@@ -16,19 +16,13 @@ def keeps_work() -> bool:
     return from_srun_sh("SRUNSH_KEEP_WORK") == "1"
 
 
-def local_directory() -> str | None:
-    """This run's local checkpoints on the node (srun.sh checked the node's directory); None when off."""
-    root = from_srun_sh("SRUNSH_LOCAL_CKPT_DIR")
-    if root in (None, "", "off"):
-        return None
-    return str(Path(root) / f"srunsh-local-ckpt-uid{os.getuid()}" / os.environ.get("RUN_ID", "run"))
-
-
 def apply(cfg: ConfigContainer, given: set[str]) -> None:
     """Local checkpoints, where on, in this run's folder of SRUNSH_LOCAL_CKPT_DIR unless GIVEN names another."""
-    ckpt = cfg.checkpoint
-    if ckpt.non_persistent_ckpt_type == "local" and f"{KEY}non_persistent_local_ckpt_dir" not in given:
-        ckpt.non_persistent_local_ckpt_dir = local_directory() or ckpt.non_persistent_local_ckpt_dir
+    ckpt, root = cfg.checkpoint, from_srun_sh("SRUNSH_LOCAL_CKPT_DIR")  # srun.sh checked the node's directory
+    local = root not in (None, "", "off") and ckpt.non_persistent_ckpt_type == "local"
+    if local and f"{KEY}non_persistent_local_ckpt_dir" not in given:
+        run = Path(root) / f"srunsh-local-ckpt-uid{os.getuid()}" / os.environ.get("RUN_ID", "run")
+        ckpt.non_persistent_local_ckpt_dir = str(run)
 
 
 def to_choose(cfg: ConfigContainer, given: set[str]) -> set[str]:

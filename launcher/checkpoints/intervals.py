@@ -39,21 +39,12 @@ class Intervals:
         self.step_end, ckpt = now, context.state.cfg.checkpoint
         for kind in self.to_choose:
             setattr(ckpt, kind, self.chosen.get(kind) or self.probe(kind, step))
-        self.saving = self.due(ckpt, step)
+        self.saving = progress.saving_after(ckpt, step)
 
     def probe(self, kind: str, step: int) -> int | None:
         """An interval that saves after this step, the first at PROBE_STEP (the persistent one a step later)."""
         first = PROBE_STEP + (kind == PERSISTENT and LOCAL in self.to_choose)
         return step if step == first else None
-
-    @staticmethod
-    def due(ckpt: Any, step: int) -> str | None:
-        """The save Megatron Bridge makes after STEP, if any: a persistent one before a local one."""
-        for kind in (PERSISTENT, LOCAL):
-            interval = getattr(ckpt, kind)
-            if ckpt.save and interval and step % interval == 0:
-                return kind
-        return None
 
     def on_save(self, _context: Any) -> None:
         kind, self.saving = self.saving, None

@@ -68,10 +68,13 @@ class Recorder:
                 line.write(f"{LAST.time:.3f} {step} {timeline or phase}\n")
 
 
-def saving_after(checkpoint: Any, step: int) -> bool:
-    """Whether Megatron Bridge saves a checkpoint after completed step `step` (either interval)."""
-    intervals = (checkpoint.save_interval, getattr(checkpoint, "non_persistent_save_interval", None))
-    return bool(checkpoint.save) and any(interval and step % interval == 0 for interval in intervals)
+def saving_after(checkpoint: Any, step: int) -> str | None:
+    """The save Megatron Bridge makes after completed step `step`, if any: a persistent one before a local one."""
+    for kind in ("save_interval", "non_persistent_save_interval"):
+        interval = getattr(checkpoint, kind, None)
+        if checkpoint.save and interval and step % interval == 0:
+            return kind
+    return None
 
 
 def register(callbacks: Registry, run_dir: Path, rank: int) -> None:

@@ -46,7 +46,14 @@ def check_restart(cfg: ConfigContainer, world_size: int | None) -> None:
     if world_size is not None:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
         check_node_layer(cfg.inprocess_restart, per_node)
-        check_spares(cfg.inprocess_restart, world_size, per_node)
+        config = cfg.inprocess_restart  # the launching host's plan (launcher/restart/plan.py), for the resolved config
+        plan(
+            [f"inprocess_restart.{name}={getattr(config, name)}" for name in ("active_world_size", "granularity")]
+            + ["inprocess_restart.enabled=true"],
+            nodes=max(1, world_size // per_node) if per_node else 1,
+            ranks_per_node=per_node or world_size,
+            master_port=int(os.environ.get("MASTER_PORT", "0")),
+        )
 
 
 def check_timeouts(config: InProcessRestartConfig) -> None:
@@ -74,14 +81,3 @@ def check_node_layer(config: InProcessRestartConfig, per_node: int) -> None:
             f"inprocess_restart.granularity=node needs one rank per visible GPU, but this node runs {per_node} rank(s)"
             f" and shows {devices} GPU(s): set SRUNSH_GPUS_PER_NODE={devices}, or inprocess_restart.granularity=rank"
         )
-
-
-def check_spares(config: InProcessRestartConfig, world_size: int, per_node: int) -> None:
-    """The launching host's plan (launcher/restart/plan.py), for the resolved config."""
-    plan(
-        [f"inprocess_restart.{name}={getattr(config, name)}" for name in ("active_world_size", "granularity")]
-        + ["inprocess_restart.enabled=true"],
-        nodes=max(1, world_size // per_node) if per_node else 1,
-        ranks_per_node=per_node or world_size,
-        master_port=int(os.environ.get("MASTER_PORT", "0")),
-    )
