@@ -7,8 +7,7 @@ from launcher.errors import UsageError, q
 
 @dataclasses.dataclass(frozen=True)
 class Assignment:
-    """One argument as given (text): NAME=VALUE split at its first `=`, or ~NAME with value None (the `=VALUE` of
-    Hydra's `~NAME=VALUE`, a delete only where NAME has that value, stays in text)."""
+    """One argument as given (text): NAME=VALUE split at its first `=`, or ~NAME with value None."""
 
     name: str
     value: str | None
@@ -39,8 +38,7 @@ def split(args: list[str]) -> list[Assignment]:
 
 
 def section(assignments: list[Assignment], prefix: str) -> dict[str, str]:
-    """The values of the PREFIX.FIELD=VALUE assignments by FIELD, stripped of outer white space, the last one winning;
-    `~PREFIX` and `PREFIX=null` drop those before them. Any other delete is Hydra's to apply on the ranks."""
+    """The values of the PREFIX.FIELD=VALUE assignments by FIELD, the last one winning (docs/launch.md)."""
     found: dict[str, str] = {}
     for given in assignments:
         if given.text in (f"~{prefix}", f"{prefix}=null"):

@@ -62,8 +62,7 @@ def remove_rank_statuses(run_dir: str) -> None:
 
 @contextlib.contextmanager
 def many_records() -> Iterator[None]:
-    """Reading every rank's records without the cyclic garbage collector: the records hold no cycles, and its
-    collections walk all of them again as they pile up (at 8,192 ranks, more than half of the hang report's time)."""
+    """Reading every rank's records without the cyclic garbage collector (docs/health.md)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -8,8 +8,7 @@ from megatron.bridge.training.config import ConfigContainer
 
 
 def set_cuda_device_max_connections(cfg: ConfigContainer) -> None:
-    """Megatron FSDP refuses CUDA_DEVICE_MAX_CONNECTIONS=1; TP/CP overlap on Hopper wants 1: one queue schedules their
-    communication ahead of the compute after it, where FSDP needs several to overlap its own collectives."""
+    """Megatron FSDP refuses CUDA_DEVICE_MAX_CONNECTIONS=1; TP/CP overlap on Hopper wants 1 (docs/launch.md)."""
     current = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if cfg.ddp.use_megatron_fsdp:
         if current == "1":

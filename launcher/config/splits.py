@@ -46,8 +46,7 @@ class RunData:
 
 
 def check_splits(cfg: ConfigContainer, blends: tuple[Blend | None, Blends], lengths: dict[str, numpy.ndarray]) -> None:
-    """Refuse data whose splits megatron-core would hang on or refuse. blends: data.py's run_blends; lengths: each local
-    dataset's IndexedDataset.sequence_lengths (one not there, on object storage, is megatron-core's to judge)."""
+    """Refuse data whose splits megatron-core would hang on or refuse (docs/data.md, "In the code")."""
     dataset = cfg.dataset
     targets = sample_targets(cfg) if isinstance(dataset, BlendedMegatronDatasetConfig) else None
     if targets is None:

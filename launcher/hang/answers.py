@@ -71,8 +71,7 @@ def short(frame: str) -> str:
 
 
 def position(frames: list[str]) -> str:
-    """Where a rank's main thread is, in a few words: 'all_reduce (distributed_c10d.py:2870) from step (x.py:9)';
-    the second frame is the first outside torch and the standard library's threading, the rank's own code."""
+    """Where a rank's main thread is, in a few words: 'all_reduce (distributed_c10d.py:2870) from step (x.py:9)'."""
     if not frames:
         return "no stacks"
     own = next((frame for frame in frames if "/torch/" not in frame and "threading.py" not in frame), None)

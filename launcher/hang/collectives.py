@@ -78,8 +78,7 @@ def group_records(dump: dict) -> dict[str, dict]:
 
 
 def kept_entries(dump: dict) -> list[dict]:
-    """The entries a summary keeps, in order: a status-holding group's not completed; the first of each group name and
-    last of each group id; the last with a start time of each group name; the last of each operation."""
+    """The entries a summary keeps, in order (docs/health.md, "In the code")."""
     entries = dump.get("entries", [])
     completed = {name: group["completed"] for name, group in group_records(dump).items()}
     statuses = {str(pg_id) for pg_id in dump.get("pg_status", {})}
@@ -154,8 +153,7 @@ def collectives(ranks: dict[int, Rank], world: int) -> list[Collective]:
 def oldest_open(
     name: str, holders: dict[int, dict], recorded: set[int], ranks: dict[int, Rank], world: int
 ) -> Collective | None:
-    """Group `name`'s oldest collective not every member completed, or None. `holders`: its record of each rank that has
-    one; `recorded`: the ranks with a record at all."""
+    """Group `name`'s oldest collective not every member completed, or None."""
     known = list(holders.values())
     desc = next((group["desc"] for group in known if group["desc"]), "")
     members = next((group["members"] for group in known if group["members"]), None)
@@ -191,8 +189,7 @@ def oldest_open(
 
 
 def evidence(found: list[Collective], least_s: float | None) -> list[Collective]:
-    """The collectives that say something: one entered less than `least_s` (the longest step; before one is
-    known, the watch's limit) before it was asked is ordinary work. None: every one."""
+    """The collectives that say something (older than `least_s` before it was asked); None: every one."""
     return found if least_s is None else [c for c in found if c.entered_s is None or c.entered_s >= least_s]
 
 

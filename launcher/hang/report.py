@@ -51,8 +51,7 @@ class Stop:
 
 
 def pace(ranks: dict[int, Rank], record: dict | None, asked: float) -> Pace | None:
-    """None before the second step (no step time known). From the ranks' answers, else rank 0's step record: a rank
-    whose answer did not come (its dump still running) says nothing of its pace."""
+    """None before the second step; from the ranks' answers, else rank 0's step record."""
     keys = ("longest_step_s", "last_step_time", "time")
     timed = [r.answer for r in ranks.values() if r.answer and all(r.answer.get(key) is not None for key in keys)]
     if timed:
@@ -202,8 +201,7 @@ def answered_by_host(ranks: dict[int, Rank]) -> dict[str, list[int]]:
 
 
 def seen_of(rank: Rank, answered: dict[str, list[int]], here: str) -> str:
-    """What the launching host can see of a rank that did not answer: its process on this host; of another host,
-    only that no answer came (and whether that host's other ranks answered, i.e. it is up)."""
+    """What the launching host can see of a rank that did not answer (docs/health.md)."""
     if rank.host == here and rank.registered is not None:
         return answers.process_state(rank.registered)
     others = answered.get(rank.host, [])

@@ -126,8 +126,7 @@ def suspects(best: dict[int, tuple[float, int]]) -> list[int]:
 
 
 def retest_plan(flagged: dict[str, dict[int, tuple[float, int]]]) -> list[list[tuple[int, str, Pair]]]:
-    """The retests of every suspect ({figure: best pairs}) as steps of (suspect, role, pair) whose pairs share no node:
-    per cycle, the reference, the same partner, the reference, another partner (the best of the rest)."""
+    """The retests of every suspect as steps of (suspect, role, pair) whose pairs share no node."""
     found = {op: suspects(best) for op, best in flagged.items()}
     measurements = []
     for _ in range(RETEST_CYCLES):
@@ -213,8 +212,7 @@ class Check:
     def collectives(
         self, prefix: str, ranks: list[int] | None, group: object, extra: dict[str, Any], retest: bool = False
     ) -> dict[str, float]:
-        """`prefix`.all_reduce and .broadcast among `ranks` (None: sit out but join the barriers; group None: world);
-        a retest measures the largest size only. Returns {op: the median at the largest size, "op best": its best}."""
+        """`prefix`.all_reduce and .broadcast among `ranks`: {op: the median at the largest size, "op best"}."""
         sizes, count = (self.sizes[-1:], RETEST_SAMPLES) if retest else (self.sizes, SAMPLES)
         largest = {}
         for op in ("all_reduce", "broadcast"):
@@ -243,16 +241,14 @@ class Check:
         return rates(size * bus_factor(op, len(ranks)) / 1e9, samples)
 
     def new_groups(self, part: str, groups: list[list[int]], desc: str) -> object | None:
-        """This rank's group among `groups`: every rank creates all of them in one order, as torch asks (gloo deadlocks
-        otherwise); NCCL connects at the first collective, so creating another's is bookkeeping."""
+        """This rank's group among `groups`: every rank creates all of them in one order, as torch asks."""
         own = next((ranks for ranks in groups if self.rank in ranks), None)
         self.record.enter(part, own, stage="group")
         made = [self.dist.new_group(ranks, group_desc=desc) for ranks in groups]
         return made[groups.index(own)] if own else None
 
     def retests(self, nodes: list[list[int]], hosts: list[str], mine: int, measured: dict) -> None:
-        """The suspects' retests, planned alike on every rank from all pair figures ({op or "op best": {pair: figure}}):
-        a pair's figure is its slowest member's; a capped link shows in its best samples while noise drags medians."""
+        """The suspects' retests, planned alike on every rank from all pair figures (docs/health.md)."""
         gathered: list[Any] = [None] * self.dist.get_world_size()
         self.dist.all_gather_object(gathered, measured)
         figures: dict[str, dict[Pair, float]] = {}

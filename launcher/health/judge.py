@@ -129,8 +129,7 @@ def largest_size(sizes: tuple[str, ...]) -> str:
 
 
 def link(records: dict[int, dict], ranks: list[int], part: str) -> tuple[float | None, float | None, list[float]]:
-    """A part's bus bandwidth at its largest size in the group of the first of `ranks` in it: its slowest member's
-    median (a collective takes as long as it), the lowest best sample, and the slowest member's samples."""
+    """A part's bus bandwidth at its largest size: slowest member's median, lowest best, its samples."""
     holder = next((r for r in ranks if part in records[r]["results"]), None)
     if holder is None:
         return None, None, []
@@ -147,8 +146,7 @@ def gpu_results(records: dict[int, dict], ranks: list[int]) -> dict[int, dict]:
 
 
 def fill_figures(node: Node, records: dict[int, dict]) -> None:
-    """The node's figures: its worst GPU's, its own collectives', its best pair's (a bad partner drags only itself);
-    a GPU that its rank cannot see, or that two ranks share, fails the node."""
+    """The node's figures: its worst GPU's, its own collectives', its best pair's (docs/health.md)."""
     ranks = [rank for rank in node.ranks if rank in records]
     gpu = gpu_results(records, ranks)
     applicable = [rank for rank in ranks if gpu[rank].get("applicable")]
@@ -175,8 +173,7 @@ def fill_figures(node: Node, records: dict[int, dict]) -> None:
 
 
 def outliers(measured: dict) -> dict:
-    """{who: (how far below, the median)} of {who: (median sample, best sample)} more than 10% below the median and
-    further than median samples typically lie below the best (noise is no outlier); none with a median of 0."""
+    """{who: (how far below, the median)} of those more than 10% below the median beyond noise."""
     if len(measured) < 2:
         return {}
     median = statistics.median(value for value, _ in measured.values())
@@ -209,8 +206,7 @@ def flag_outliers(nodes: dict[str, Node], layout: Layout, records: dict[int, dic
 
 @functools.cache  # the recursion reaches each (low, high, inverted) along many paths
 def orders_at_most(low: int, high: int, inverted: int) -> int:
-    """In how many orders of `low` values among `high` others at most `inverted` (low, high) pairs are out of order:
-    the largest value is a low one, out of order with every high one, or a high one, out of order with none."""
+    """In how many orders of `low` among `high` values at most `inverted` pairs are out of order."""
     if inverted < 0:
         return 0
     if not low or not high:
@@ -242,8 +238,7 @@ def judge_links(nodes: dict[str, Node], records: dict[int, dict]) -> None:
 
 
 def retests(records: dict[int, dict]) -> list[dict]:
-    """Every retest measurement of a pair, in the order measured: suspect, role (same, other, reference), pair, op,
-    and its figure, the lowest best sample of its members (noise only slows a sample, a capped link caps every one)."""
+    """Every retest measurement of a pair, in the order measured (docs/health.md)."""
     measured: dict[tuple[str, tuple[int, ...]], dict] = {}
     for record in records.values():
         for part, result in record["results"].items():

@@ -31,8 +31,7 @@ Records = dict[int, dict]
 
 
 class RankRecord(dict):
-    """A rank's record, and the line it was read from (check.py's Record writes one): health.json repeats that line
-    rather than encode the record again (for 4,096 ranks JSON's encoder takes longer than the rest of the report)."""
+    """A rank's record, and the line it was read from, which health.json repeats (docs/health.md)."""
 
     text: str = ""  # none for a record of more than one line
 
@@ -49,8 +48,7 @@ def read_records(health: Path, world: int, known: Records | None = None) -> Reco
 
 
 def supervise(process: subprocess.Popen, health: Path, world: int, timeout: float) -> tuple[str, list[int], Records]:
-    """Until every rank finished, the launch ended, or ranks overstayed a part's deadline; the late ranks, last records.
-    A part's clock starts when this host first sees a rank in it (other hosts' clocks never matter)."""
+    """Until every rank finished, the launch ended, or ranks overstayed a part's deadline (docs/health.md)."""
     started = time.monotonic()
     seen: dict[int, tuple[str, float]] = {}
     records: Records = {}
@@ -162,8 +160,7 @@ def console(run: Run, nodes: list[Node], job: str) -> list[str]:
 
 
 def write_results(run: Run, nodes: list[Node], job: str) -> bool:
-    """Writes RUN_DIR/health.json and health/failed-nodes; whether every node passed. Each rank's record is a line of
-    its own (json's indenting encoder takes 15 s for 4,096 ranks' records; its C encoder writes a line at once)."""
+    """Writes RUN_DIR/health.json and health/failed-nodes, a line a rank; whether every node passed."""
     failed = [node.host for node in nodes if node.failed]
     result = {
         "passed": not failed and not job,

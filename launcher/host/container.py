@@ -59,8 +59,7 @@ def read_pyxis(file: str | None) -> Pyxis:
 
 
 def launch_container_name(run_id: str, image: Path, launch: str) -> str:
-    """A name no other launch, run or image gives: the run id, a digest of the image file's identity (a changed or
-    replaced file has another) and `launch` (what tells it from another launch of the run: a requeue, a resume)."""
+    """A name no other launch, run or image gives: run id, image file digest, `launch` (docs/containers.md)."""
     info = image.stat()
     identity = f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
     digest = hashlib.sha256(f"{identity}|{launch}".encode()).hexdigest()[:12]

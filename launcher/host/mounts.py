@@ -39,8 +39,7 @@ class Mount:
 
 
 def split_mount(entry: str) -> tuple[str, str, str, bool]:
-    """An SRUNSH_MOUNT entry's SRC, DST and FLAGS, and whether more fields follow, as bash's read splits it (IFS=:):
-    a ":" that ends the entry ends its last field."""
+    """An SRUNSH_MOUNT entry's SRC, DST and FLAGS, and whether more fields follow, as bash's read splits it."""
     src, dst, flags, rest = [*entry.split(":", 3), "", "", ""][:4]
     return src, dst, flags, rest not in ("", ":")
 
@@ -85,8 +84,7 @@ def shared_file_system(directory: str, mounts_text: str) -> str:
 
 
 def node_directory(name: str, value: str, why: str) -> str:
-    """The directory of knob NAME, one on every node's own disk ("" when off), refused where the nodes share it: WHY
-    says what would go wrong there."""
+    """The directory of knob NAME on every node's own disk ("" when off), refused where the nodes share it."""
     if value == "off":
         return ""
     if shared := shared_file_system(value, Path("/proc/self/mounts").read_text()):

@@ -36,8 +36,7 @@ def job_state(job: str) -> str:
 
 
 def gres_gpus_per_node(job: str) -> str:
-    """The GPUs a node JOB asked for with --gres=gpu[:TYPE]:N, which no variable of salloc's shell holds: from its
-    TresPerNode (gres:gpu:h100:4; gres/gpu:h100=4 in later SLURM); empty without."""
+    """The GPUs a node JOB asked for with --gres=gpu[:TYPE]:N, from its TresPerNode; empty without."""
     tres = re.search(r" TresPerNode=(\S*)", output(["scontrol", "show", "job", "--oneliner", job]))
     gpus = re.search(r"gres[:/]gpu(?::[^:,=]+)?[:=]([0-9]+)", tres.group(1)) if tres else None
     return gpus.group(1) if gpus else ""
