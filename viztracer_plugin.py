@@ -20,12 +20,9 @@ from viztracer import VizTracer
 PATCHED = ("handle_profiling_step", "handle_profiling_stop")
 # The profiler switches of a profiling config (Megatron Bridge's two and ours), with the names the log uses.
 PROFILERS = {"use_nsys_profiler": "nsys", "use_pytorch_profiler": "pytorch", "use_viztracer": "viztracer"}
-# How long a rank that must wait for its trace writer (at exit, or stopped by SIGTERM) waits before it stops the
-# writer, which a hung file system would otherwise let hold the rank forever. A full buffer takes about a second; 20 s
-# stays inside srun.sh's 30 s grace and SLURM's default KillWait (30 s): the rank reports a stuck writer itself.
+# How long a rank waits for its trace writer before it stops it: inside srun.sh's 30 s grace (docs/profiling.md).
 WRITER_DEADLINE_S = 20.0
-# Stopping a job signals every process of the rank (srun.sh signals its process group, slurmstepd every process of
-# the step): the trace writer is one of them, and must live through these.
+# Stopping a job signals every process of the rank: the trace writer must live through these.
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -78,10 +75,7 @@ class WindowTracer:
         run_id = os.environ.get("RUN_ID", f"pid{os.getpid()}")
         path = Path(os.environ.get("VIZTRACER_OUTPUT_DIR", Path("viztracer_output") / run_id), f"trace_rank{rank}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        # register_global=False: VizTracer would otherwise keep a global reference alive into interpreter shutdown.
-        # dump_raw=True: VizTracer's C writer (unless log_torch merges a torch trace), several times faster than its
-        # Python one, so the writer's copy-on-write snapshot of this process lives shorter; it omits the source
-        # files VizTracer would embed for its viewer's source panel.
+        # register_global=False, dump_raw=True: no reference kept at shutdown, the faster C writer (docs/profiling.md).
         self.tracer = VizTracer(
             output_file=str(path),
             log_torch=os.environ.get("VIZTRACER_LOG_TORCH", "0") == "1",
@@ -91,8 +85,7 @@ class WindowTracer:
         )
         self.tracer.start()
         self.rank, self.used = rank, True
-        # Only over the default action: a handler installed before (Megatron Bridge's train.exit_signal_handler)
-        # stops training at the next step, and the window is then written at exit like any other.
+        # Only over the default action: a handler installed before stops training, and the window is written at exit.
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self.save_then_terminate)
 
@@ -132,9 +125,7 @@ class WindowTracer:
     def flush(self) -> None:
         """Write a window that training left open (an exception, exit or signal inside it), and wait for the writer."""
         if self.tracer is not None:
-            # Written in this process: Python refuses to fork at interpreter shutdown. Taken out first: VizTracer's
-            # dump empties the buffer, and a second flush (the exit handler after an error in this one) would write
-            # the empty buffer over this trace.
+            # Written in this process (no fork at shutdown), taken out first so that no second flush overwrites it.
             tracer, self.tracer = self.tracer, None
             tracer.stop()
             tracer.save()
@@ -155,9 +146,7 @@ class WindowTracer:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def save_then_terminate(self, signum: int, frame: FrameType | None) -> None:
-        # The rank is going down, and nothing may cut the write short: not a second stop signal, nor torch's
-        # DataLoader SIGCHLD handler, which raises once its workers have died of this same SIGTERM and would unwind
-        # the rank before its trace is written.
+        # The rank is going down: nothing may cut the write short, not a second stop signal nor DataLoader's SIGCHLD.
         for held in STOP_SIGNALS:
             signal.signal(held, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -15,7 +15,6 @@ def configure(
     cfg = llama3_8b_pretrain.configure(
         hf_path=hf_path, use_megatron_fsdp=use_megatron_fsdp, data_paths=data_paths, tokenizer_path=tokenizer_path
     )
-    # Half as many micro-batches a step, and Megatron FSDP gathers the weights and reduce-scatters the gradients once
-    # per micro-batch.
+    # Half as many micro-batches a step: Megatron FSDP gathers and reduce-scatters once per micro-batch.
     cfg.train.micro_batch_size = 2
     return cfg

@@ -8,8 +8,7 @@ from launcher.assignments import NotAssignmentError, assignment
 from launcher.config.overrides import edits_keys, sweep_refusal, typed_value
 from launcher.errors import UsageError, first_line
 
-# What a sweep typed for a string may not hold: quotes, escapes, and the brackets of functions, lists, dicts and
-# interpolations, where the text typed and the string meant could differ.
+# What a sweep typed for a string may not hold (quotes, escapes, brackets): text typed and string meant could differ.
 NOT_TEXT = set("'\"\\()[]{}$")
 
 

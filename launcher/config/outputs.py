@@ -13,8 +13,7 @@ from omegaconf import OmegaConf
 
 from launcher.run_files import write_private
 
-# The variables launch.json records, by exact name: a family prefix (HF_, NCCL_) also records whatever credential a user
-# keeps under it (HF_PASSWD, HF_AUTH), and no list of suspicious words in names catches them all.
+# The variables launch.json records, by exact name: a family prefix would record credentials (docs/launch.md).
 RECORDED_ENV_NAMES = frozenset(
     # the job and this rank's place in it
     "RUN_ID RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT SRUNSH_GPUS_PER_NODE SLURM_JOB_ID"

@@ -44,8 +44,7 @@ def configured(recipe: ModuleType, overrides: list[Override], run_dir: Path) -> 
     config_overrides, preset = choose_preset(cfg, config_overrides)
     applied = {**kwargs, **preset, **apply(cfg, config_overrides)}
     trackers.place(cfg, run_dir, set(applied))
-    # A run resumes from its own checkpoints (a requeued job, SRUNSH_RUN_ID=<earlier>), but some upstream recipes (the
-    # vanilla GPT one) save without loading. A new run's directory holds none, and Megatron Bridge then starts fresh.
+    # A run resumes from its own checkpoints; some upstream recipes save without loading (docs/launch.md).
     if cfg.checkpoint.load is None:
         cfg.checkpoint.load = cfg.checkpoint.save
     return cfg, applied

@@ -17,18 +17,13 @@ from launcher.hang.answers import process_start_time
 
 SIGNAL = signal.SIGUSR2
 
-# torch's own switches for its flight recorder, each under its current name and the older one torch still reads (a
-# value the user set under either wins): the size of the trace buffer; NCCL's start events, so that the record tells
-# a collective that a GPU started from one queued behind stuck work (an event per collective); and NCCL's own dump
-# when its watchdog times a collective out (into RUN_DIR/hang/nccl-timeout/, set in install()).
+# torch's flight recorder switches, under their current and older names (docs/health.md, "In the code").
 TORCH_ENVIRONMENT = {
     ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"): "2000",
     ("TORCH_NCCL_ENABLE_TIMING",): "1",
     ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "1",
 }
-# With in-process restart, no dump of NCCL's own: after an abort, torch's dump leaves its heartbeat monitor in a
-# sleep of TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC that the process group's destructor (in NVRx's abort) then waits for, past
-# NVRx's hard timeout. NVRx dumps the flight recorder itself at an abort.
+# With in-process restart, no dump of NCCL's own: it would outlast NVRx's hard timeout (docs/health.md).
 RESTART_ENVIRONMENT = {**TORCH_ENVIRONMENT, ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "0"}
 
 _installed: dict[str, Any] = {}  # the open stacks file and the wake-up socket live as long as the process

@@ -28,8 +28,7 @@ TOP_FRAMES = 6
 RENDEZVOUS_FUNCTIONS = ("init_process_group", "rendezvous", "_store_based_barrier", "_create_c10d_store")
 # Where a rank is once training has failed: Megatron Bridge aborts the process groups, which may never return.
 TEARDOWN_FUNCTIONS = ("destroy_process_group", "_abort_process_group")
-# A stop within this many of the longest steps so far after the last step is a stop of a progressing job: a step may
-# take a little longer than every one before it (few steps seen yet, a logging or evaluation step).
+# A stop within this many of the longest steps after the last step is a stop of a progressing job.
 STEP_SLACK = 2.0
 
 

@@ -13,19 +13,16 @@ from typing import Any
 
 GPU_SIZES = (64 << 10, 4 << 20, 256 << 20)  # bytes: latency-bound, mid, bandwidth-bound
 CPU_SIZES = (16 << 10, 256 << 10, 1 << 20)  # gloo on a CPU: small enough to stay quick
-# Each figure is SAMPLES timings of CALLS calls, after WARMUP calls: its median is the figure, its best what the
-# hardware did at least once (the report compares both, so that noise is not an outlier).
+# Each figure: SAMPLES timings of CALLS calls after WARMUP, the median and the best (docs/health.md).
 WARMUP, SAMPLES, CALLS = 2, 8, 2
 MATMUL_N, MATMUL_CALLS = 8192, 4
 COPY_BYTES, COPY_CALLS = 1 << 30, 2
 Pair = tuple[int, int]  # two nodes, by their index in the job, the lower first
 Rates = tuple[float, float, list[float]]  # median, best, every sample
-# A record's group of a part that every rank of the job is in, which every rank's record would otherwise list rank by
-# rank (at 4,096 ranks, 4,096 lists of 4,096 that the report reads).
+# A record's group of a part that every rank of the job is in, rather than 4,096 lists of 4,096 ranks.
 JOB = None
 SUSPECT = 0.9  # a node whose best pair is below 90% of the nodes' median is retested (judge.OUTLIER)
-# 2 x RETEST_CYCLES measurements of a suspect against as many of the reference: with 12 and 12 the report's rank test
-# rules out noise (1 check in 1,000) even when 20 of the 144 (own, reference) comparisons go the other way.
+# Enough retests that the report's rank test rules out noise (docs/health.md, "In the code").
 RETEST_CYCLES = 6
 RETEST_SAMPLES = 16  # a retest's best sample is what the link did when nothing else got in the way (noise only slows)
 
