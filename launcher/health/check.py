@@ -65,10 +65,6 @@ class Record:
         self.write()
 
 
-def recorded_group(ranks: list[int], world: int) -> list[int] | None:
-    return JOB if len(ranks) == world else ranks
-
-
 def node_ranks(hosts: list[str]) -> list[list[int]]:
     """Ranks by host, hosts in the order of their first rank."""
     nodes: dict[str, list[int]] = {}
@@ -98,11 +94,6 @@ def pair_ranks(nodes: list[list[int]], a: int, b: int) -> list[int]:
 
 def rates(work: float, samples: list[float]) -> Rates:
     return work / statistics.median(samples), work / min(samples), [round(work / sample, 6) for sample in samples]
-
-
-def bus_factor(op: str, ranks: int) -> float:
-    """nccl-tests' bus bandwidth: what each link carries, comparable across group sizes."""
-    return 2 * (ranks - 1) / ranks if op == "all_reduce" else 1.0
 
 
 def best_pairs(pairs: dict[Pair, float]) -> dict[int, tuple[float, int]]:
@@ -218,7 +209,7 @@ class Check:
             self.dist.barrier()
             if ranks is None:
                 continue
-            recorded = recorded_group(ranks, self.dist.get_world_size())
+            recorded = JOB if len(ranks) == self.dist.get_world_size() else ranks
             self.record.enter(f"{prefix}.{op}", recorded)
             median, best = {}, {}
             for size in sizes:  # ascending: the samples kept are the largest size's
@@ -235,7 +226,8 @@ class Check:
             samples = self.timed(lambda: dist.all_reduce(tensor, group=group), CALLS, count)
         else:
             samples = self.timed(lambda: dist.broadcast(tensor, src=ranks[0], group=group), CALLS, count)
-        return rates(size * bus_factor(op, len(ranks)) / 1e9, samples)
+        factor = 2 * (len(ranks) - 1) / len(ranks) if op == "all_reduce" else 1.0  # nccl-tests' bus bandwidth
+        return rates(size * factor / 1e9, samples)
 
     def new_groups(self, part: str, groups: list[list[int]], desc: str) -> object | None:
         """This rank's group among `groups`: every rank creates all of them in one order, as torch asks."""

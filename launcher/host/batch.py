@@ -17,12 +17,6 @@ from launcher.host.plan import LaunchPlan
 from launcher.host.preflight import REPO, Knobs, parse_options, preflight
 
 
-def job_script(launch: list[str]) -> str:
-    """The job's script: sbatch copies it into SLURM's spool, so it names this checkout's srun.sh by its full path."""
-    head = "#!/usr/bin/env bash\n# srun.sh --sbatch: one run that saves before its time limit and requeues itself.\n"
-    return f"{head}exec {command.one_line([str(REPO / 'srun.sh'), '--batch-job', *launch])}\n"
-
-
 def submission(sbatch_args: list[str], plan: LaunchPlan, lead_s: str) -> list[str]:
     submit = ["sbatch", "--requeue", "--open-mode=append", f"--signal=B:USR1@{lead_s}"]
     given = f" {' '.join(sbatch_args)} "
@@ -47,7 +41,9 @@ def submit(words: list[str], knobs: Knobs) -> int:
     plan, recipe_words = parse_options(launch)
     preflight(plan, recipe_words, knobs, sbatch_args)
     sbatch = submission(sbatch_args, plan, knobs["SRUNSH_SAVE_LEAD_S"])
-    script = job_script([word for word in launch if word != "--dry-run"])
+    head = "#!/usr/bin/env bash\n# srun.sh --sbatch: one run that saves before its time limit and requeues itself.\n"
+    kept = [word for word in launch if word != "--dry-run"]  # srun.sh by its full path: sbatch copies the script away
+    script = f"{head}exec {command.one_line([str(REPO / 'srun.sh'), '--batch-job', *kept])}\n"
     if plan.dry_run:
         out = sys.stdout.buffer
         out.write(b"# srun.sh --sbatch --dry-run: nothing was submitted. The submission, with the job script on its")

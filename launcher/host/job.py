@@ -16,16 +16,6 @@ from launcher.run_files import private_files, read_text
 PORT_BASE, PORT_SPAN = 20000, 12768  # below Linux's ephemeral range (32768+)
 
 
-def name_run(run_id: str, local: bool) -> str:
-    """The run's id: the one given, or a new run's, <job id>-<date>-<time>, or local-<date>-<time>-<pid>."""
-    if run_id:
-        return run_id
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    if local:
-        return f"local-{stamp}-{os.getpid()}"
-    return f"{os.environ.get('SLURM_JOB_ID') or 'JOBID'}-{stamp}"
-
-
 def resolve_hosts(local: bool, master_addr: str) -> tuple[list[str], str]:
     """The nodes, and the first node's address the others reach (its NodeAddr, its name, or its route)."""
     node_list = os.environ.get("SLURM_JOB_NODELIST", "")
@@ -105,7 +95,9 @@ def lock_run(run_id: str, path: str) -> None:
 
 def resolve_job(plan: LaunchPlan, knobs: Knobs) -> bool:
     """The job facts every rank shares into PLAN (run, nodes, MASTER_ADDR); whether it resumes a run. Writes nothing."""
-    plan.run_id = name_run(knobs["SRUNSH_RUN_ID"], plan.local)
+    stamp = time.strftime("%Y%m%d-%H%M%S")  # a new run's id: <job id>-<date>-<time>, or local-<date>-<time>-<pid>
+    new = f"local-{stamp}-{os.getpid()}" if plan.local else f"{os.environ.get('SLURM_JOB_ID') or 'JOBID'}-{stamp}"
+    plan.run_id = knobs["SRUNSH_RUN_ID"] or new
     plan.hosts, plan.master_addr = resolve_hosts(plan.local, knobs["MASTER_ADDR"])
     return bool(knobs["SRUNSH_RUN_ID"]) and os.path.isdir(plan.run_dir)
 
