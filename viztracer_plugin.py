@@ -1,5 +1,4 @@
-"""`profiling.use_viztracer=true`: VizTracer beside nsys and the PyTorch profiler (docs/profiling.md); the one module
-that patches Megatron Bridge 0.6.2 (train.py's handle_profiling_step/stop: tests/test_viztracer_plugin.py pins them)."""
+"""`profiling.use_viztracer=true`: VizTracer beside nsys and the PyTorch profiler (docs/profiling.md)."""
 
 import atexit
 import functools

@@ -1,6 +1,4 @@
-"""The files of a run's folder (RUN_DIR) that the launching host and the ranks share, by name, and the few ways they
-are read. Standard library only: both sides import it. Besides those named below, RUN_DIR/logs/rank-R.log holds rank
-R's output, and rank-R.status how it ended: "STATUS EPOCH_SECONDS HOST" (launcher/rank/rank.sh)."""
+"""The files of RUN_DIR that the launching host and the ranks share, by name (docs/launch.md). Standard library only."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""DeepSeek's multi-latent attention without query compression, built as Hugging Face defines it: no RMSNorm fused into
-the query projection (docs/checks.md, "DeepSeek and DeepEP", says why)."""
+"""DeepSeek's multi-latent attention without query compression, as Hugging Face defines it (docs/checks.md)."""
 
 from dataclasses import replace
 

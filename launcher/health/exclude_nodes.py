@@ -1,5 +1,4 @@
-"""A batch job runs without the nodes that failed its health check: the supervisor adds them to the job's ExcNodeList
-while the job is pending again after its requeue (SLURM changes ExcNodeList of a pending job only)."""
+"""A batch job runs without the nodes that failed its health check: added to its ExcNodeList (docs/health.md)."""
 
 from __future__ import annotations
 
