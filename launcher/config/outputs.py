@@ -73,25 +73,18 @@ def without_url_credentials(text: str) -> str:
     return URL_QUERY.sub(r"\g<before>REDACTED", URL_USERINFO.sub(r"\g<scheme>REDACTED@", text))
 
 
-def recorded_environment() -> dict[str, str]:
-    environment = dict(os.environ)
-    if "SRUNSH_JOB_NAME" in environment:  # inside srun.sh's step, SLURM_JOB_NAME is the step's name
-        environment["SLURM_JOB_NAME"] = environment["SRUNSH_JOB_NAME"]
-    return {
-        name: without_url_credentials(value)
-        for name, value in sorted(environment.items())
-        if name in RECORDED_ENV_NAMES
-    }
-
-
 def save_run_record(cfg: ConfigContainer, directory: Path) -> None:
     """config.yaml and launch.json, to reproduce the run, without URL credentials and for their owner only."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     directory.mkdir(mode=0o700, exist_ok=True)
     write_private(directory / "config.yaml", without_url_credentials(config_yaml(cfg)))
+    environment = dict(os.environ)
+    if "SRUNSH_JOB_NAME" in environment:  # inside srun.sh's step, SLURM_JOB_NAME is the step's name
+        environment["SLURM_JOB_NAME"] = environment["SRUNSH_JOB_NAME"]
+    recorded = sorted((name, value) for name, value in environment.items() if name in RECORDED_ENV_NAMES)
     record = {
         "argv": [without_url_credentials(argument) for argument in sys.argv],
-        "environment": recorded_environment(),
+        "environment": {name: without_url_credentials(value) for name, value in recorded},
         "versions": {name: metadata.version(name) for name in PACKAGES},
     }
     write_private(directory / "launch.json", json.dumps(record, indent=2) + "\n")

@@ -70,7 +70,8 @@ class RestartLog(logging.Handler):
         self.count += 1
         if rank() != 0:
             return None
-        if not pending.groups and (raised := self.ranks_that_raised()):
+        raised = sorted(int(r) for p in self.folder.glob("rank-*.txt") if (r := p.stem.removeprefix("rank-")).isdigit())
+        if not pending.groups and raised:  # the ranks that raised, where NVRx's warning named none
             pending.groups = [("EXCEPTION", raised)]
         errors = self.errors([affected for _, ranks in pending.groups for affected in ranks])
         # From the fault: the failed rank's own time of it, where it left one (hosts' clocks agree to NTP's accuracy).
@@ -82,10 +83,6 @@ class RestartLog(logging.Handler):
         with (self.run_dir / LOG_FILE).open("a") as log:
             log.write(line + "\n")
         return line
-
-    def ranks_that_raised(self) -> list[int]:
-        paths = self.folder.glob("rank-*.txt")
-        return sorted(int(rank) for path in paths if (rank := path.stem.removeprefix("rank-")).isdigit())
 
     def errors(self, ranks: list[int]) -> dict[int, tuple[float, str]]:
         """When each affected rank that raised did, and 'HOST: ERROR'."""
