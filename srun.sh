@@ -15,23 +15,21 @@
 #   --dry-run       print the launch command and the environment; start nothing (works outside an allocation)
 #   --no-container  the same launch without pyxis, with this host's $SRUNSH_PYTHON (a venv every node shares)
 #   --local         no SLURM: SRUNSH_GPUS_PER_NODE ranks on this host, started and supervised by torchrun
-#   --health        only the health check, on every rank of the launch: per GPU, per node, between nodes in
-#                   pairs, job-wide; a table on the console and in RUN_DIR/health.json naming every node to
-#                   exclude; exit 0 when every node passes, 1 otherwise
-#   --sbatch ... -- submit the launch as a batch job with these sbatch options. SRUNSH_RUN_ID is the job id.
-#                   It saves as it trains, as often as a save's measured cost is worth (SRUNSH_MTBF_S);
-#                   SRUNSH_SAVE_LEAD_S before the time limit the ranks get SIGTERM, Megatron Bridge saves a
-#                   checkpoint and stops, and the job requeues itself; a failed job is requeued up to
-#                   SRUNSH_MAX_RETRIES times; each time it resumes from its newest checkpoint. Its log:
-#                   SRUNSH_OUTPUT_ROOT/<recipe>/slurm-<job id>.out
+#   --health        only the health check, on every rank: per GPU, per node, between nodes in pairs, job-wide; a
+#                   table on the console and in RUN_DIR/health.json names every node to exclude; exit 0 when all pass
+#   --sbatch ... -- submit the launch as a batch job with these sbatch options; SRUNSH_RUN_ID is the job id. It saves
+#                   as it trains, as often as a save's measured cost is worth (SRUNSH_MTBF_S); the ranks get
+#                   SIGTERM SRUNSH_SAVE_LEAD_S before the time limit, Megatron Bridge saves a checkpoint and stops, and
+#                   the job requeues itself, as a failed job does up to SRUNSH_MAX_RETRIES times, to resume from its
+#                   newest checkpoint. Its log: SRUNSH_OUTPUT_ROOT/<recipe>/slurm-<job id>.out
 #   -h, --help      this text
 #
-# Each rank's output reaches the console labelled "RANK: " and RUN_DIR/logs/rank-RANK.log. When a rank fails, the
-# others get SIGTERM, and srun.sh names the rank that failed first and exits with its status; with the override
-# inprocess_restart.enabled=true, training restarts in every process instead, from its newest checkpoint, local or
-# persistent (docs/failures.md). SIGINT or SIGTERM to
-# srun.sh sends SIGTERM to every rank, after it wrote RUN_DIR/hang-report.txt: where every rank is (its Python stacks,
-# torch's flight recorder), and which ranks are not in the collective the others wait in.
+# Each rank's output goes to RUN_DIR/logs/rank-RANK.log; the console shows SRUNSH_CONSOLE_RANKS's lines labelled
+# "RANK: ", and the other ranks' warnings and errors once. When a rank fails, the others get SIGTERM, and srun.sh names
+# the rank that failed first and exits with its status; with inprocess_restart.enabled=true, training restarts in every
+# process instead, from its newest checkpoint, local or persistent (docs/failures.md). SIGINT or SIGTERM to srun.sh
+# sends SIGTERM to every rank, after it wrote RUN_DIR/hang-report.txt: where every rank is (its Python stacks, torch's
+# flight recorder), and which ranks are not in the collective the others wait in.
 #
 # Trackers: TensorBoard in RUN_DIR/tb_logs; logger.wandb_project=NAME (W&B), logger.mlflow_experiment=NAME (MLflow) log
 # offline into RUN_DIR unless WANDB_MODE or MLFLOW_TRACKING_URI say otherwise; the launch's end prints the command that
@@ -81,9 +79,11 @@ SRUNSH_HEALTH_TIMEOUT_S=${SRUNSH_HEALTH_TIMEOUT_S:-60}
 # Seconds without a completed training step after which srun.sh writes the hang report and stops the ranks (exit
 # 124); empty: 10 x the longest step so far, at least 5 min; off: never. Before the first step: 20 min, or more.
 SRUNSH_HANG_TIMEOUT_S=${SRUNSH_HANG_TIMEOUT_S:-}
-# A directory that exists on every node's own disk, where each rank keeps its Triton and TorchInductor caches so that
-# the next launch on the node skips compiling its fused kernels again (a container's /tmp is new at every start); the
-# container mounts it. Not on a file system the nodes share, where these caches race; off: in the container's /tmp.
+# Ranks whose every line the console shows (all: every rank's); empty: the first and the last. Of the others it shows
+# each warning, error and traceback once, naming the ranks that printed it.   SRUNSH_CONSOLE_RANKS=0-3
+SRUNSH_CONSOLE_RANKS=${SRUNSH_CONSOLE_RANKS:-}
+# A directory on every node's own disk (not one the nodes share, where these caches race), mounted in the container,
+# where each rank keeps its Triton and TorchInductor caches for the next launch on the node; off: the container's /tmp.
 SRUNSH_COMPILE_CACHE=${SRUNSH_COMPILE_CACHE:-/var/tmp}
 # A directory on every node's own disk (its NVMe) for local checkpoints (checkpoint.non_persistent_ckpt_type=local):
 # a batch job or in-process restart saves there every few steps and reloads them in seconds (docs/failures.md); the
@@ -108,18 +108,16 @@ wants_help() {
   [[ ${1:-} == -h || ${1:-} == --help ]]
 }
 
-# What every rank inherits for EFA and NCCL; a value the user already set wins. docs/network.md says why each stays and
-# why the seed's others went; CUDA_DEVICE_MAX_CONNECTIONS is entrypoint.py's to set, per job, and OMP_NUM_THREADS
-# launcher/host/command.py's, by the ranks a node.
+# What every rank inherits for EFA and NCCL; a value the user set wins (docs/network.md says why each stays).
+# CUDA_DEVICE_MAX_CONNECTIONS is entrypoint.py's to set, per job, and OMP_NUM_THREADS launcher/host/command.py's.
 export_network_env() {
   export NCCL_DEBUG=${NCCL_DEBUG:-WARN}           # NCCL errors and warnings only; INFO shows the EFA/GIN setup
   export NCCL_GIN_TYPE=${NCCL_GIN_TYPE:-2}        # DeepEP's GIN via the proxy path (5, EFA GDA: docs/network.md)
   export DEEP_EP_BACKEND=${DEEP_EP_BACKEND:-nccl} # DeepEP dispatch/combine over NCCL GIN, not NVSHMEM
 }
 
-# The knobs, as NAME=VALUE (defaults applied), then -- and srun.sh's own arguments, handed to the launch's one
-# supervisor on this host (launcher/host/supervisor.py): the checks, the master address, the srun or torchrun command,
-# signals, the hang watch, the health check, the failure report and the batch job's requeue.
+# The knobs as NAME=VALUE (defaults applied), -- and srun.sh's own arguments, to the launch's one supervisor on this
+# host (launcher/host/supervisor.py): checks, srun or torchrun, signals, hang watch, health check, report, requeue.
 main() {
   if wants_help "$@"; then
     usage

@@ -2,10 +2,10 @@
 no cluster. For each N, bench/scale_tree.py writes the records N ranks leave, with the writers a real run uses; then
 each host step (STEPS) runs on them as one process, with its seconds, CPU seconds and peak memory (its own and its
 children's), less what it waits for that is not its work (the health check's launch, the ranks' answers): the health
-and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers), and
-./srun.sh in an allocation of N/8 nodes (srun a stand-in, the launch plan checked). Each fault must be named right,
-as the tests assert it, or the run exits 1. The growth exponent between sizes, log(t2/t1) / log(N2/N1), is given for
-the seconds and for the CPU seconds, which other work on the machine does not change.
+and the hang report (stand-ins move the ranks' records and answers into place; one rank never answers), ./srun.sh in
+an allocation of N/8 nodes (srun a stand-in, the launch plan checked), and its console of a start-up whose ranks each
+print the same 200 lines (lines counted). Each fault must be named right, as the tests assert it, or the run exits 1.
+The growth exponent between sizes, log(t2/t1) / log(N2/N1), is given for the seconds and for the CPU seconds.
 
 The tree of 16,384 ranks takes about 8 GB of disk, 4,096 ranks about 2 GB; each is removed once measured (--keep keeps
 them). The host steps run under `python3 -S` (the standard library only, as on a launching host: where torch is
@@ -34,6 +34,7 @@ from pathlib import Path
 
 from bench import report, scale_tree
 from bench.scale_health import health_plan, write_health_rank
+from bench.scale_host import START_UP as START_UP_TEXT
 from bench.scale_tree import PER_NODE, Job, Tree, faults
 from launcher import run_files
 from launcher.hang.collectives import ranges
@@ -44,6 +45,7 @@ SIZES = (8, 64, 512, 4_096, 16_384)
 # Issue 47's limits: seconds at 4,096 ranks. The dry run's 2 s holds the launch, which does all it does and writes the
 # launch plan.
 LIMITS_S = {"health report": 5.0, "hang report": 15.0, "launch plan written": 2.0}
+START_UP, START_UP_LINES, LINES_LIMIT = "console of a start-up", 200, 400  # issue 68: every rank prints the same 200
 LIMIT_AT = 4_096
 HOST = [sys.executable, "-S", str(REPO / "bench" / "scale_host.py")]
 RECIPE = REPO / "recipes" / "llama3_8b_pretrain.py"
@@ -86,14 +88,14 @@ class World:
             env |= {"SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,{root}:{root}"}
         return env
 
-    def run(self, *command: str, slurm: bool = False) -> Ran:
+    def run(self, *command: str, slurm: bool = False, more: dict[str, str] | None = None) -> Ran:
         """COMMAND, timed, with its peak memory, under a memory limit (bench/scale_host.py's measure), less the
         seconds it wrote to $SCALE_SPENT as not its own; killed, with everything it started, past --step-timeout."""
         limit = str(int(self.args.memory_limit_gb * 2**30))
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as temp:
             measured, spent = Path(temp) / "measured.json", Path(temp) / "spent.json"
             spawner = [*HOST, "measure", str(measured), limit, "--", *command]
-            env = self.env(slurm) | {"SCALE_SPENT": str(spent)}
+            env = self.env(slurm) | {"SCALE_SPENT": str(spent)} | (more or {})
             process = subprocess.Popen(
                 spawner, stdout=out, stderr=err, env=env, cwd=self.tree.root, start_new_session=True
             )
@@ -114,7 +116,7 @@ class World:
 
 def write_stand_ins(world: World) -> None:
     """scancel (the ranks answer), scontrol (`show config` as a controller answers it; the rest SLURM's own), srun
-    (the ranks end at once), and what srun.sh's allocation needs: a SLURM configuration and an image."""
+    (the ranks end at once, or print a start-up), and what srun.sh's allocation needs: a SLURM config, an image."""
     root, tree = world.tree.root, world.tree
     (root / "bin").mkdir(parents=True)
     real, host = shutil.which("scontrol") or "/usr/bin/scontrol", " ".join(HOST)
@@ -125,7 +127,7 @@ def write_stand_ins(world: World) -> None:
             f"  printf 'KillWait = 30 sec\\nPlugStackConfig = {root}/plugstack.conf\\n'\n"
             f'  exit 0\nfi\nexec {real} "$@"\n'
         ),
-        "srun": "exit 0\n",
+        "srun": f'[ -z "${{SCALE_START_UP:-}}" ] || exec {host} start-up "$SCALE_START_UP" "$@"\nexit 0\n',
     }
     for name, body in stand_ins.items():
         (root / "bin" / name).write_text(f"#!/bin/sh\n# bench/bench_scale.py's stand-in {name}\n{body}")
@@ -193,10 +195,20 @@ def launch_plan_written(world: World) -> tuple[Ran, str]:
     return ran, expect(ran.status, 0, "exit status") + expect(hosts, world.job.hosts, "the plan's hosts")
 
 
+def console_of_a_start_up(world: World) -> tuple[Ran, str]:
+    """./srun.sh whose ranks (bench/scale_host.py's srun) each print the same lines: rank 0's shown, once each."""
+    ran = world.run(str(REPO / "srun.sh"), str(RECIPE), slurm=True, more={"SCALE_START_UP": str(START_UP_LINES)})
+    said = (ran.stdout + ran.stderr).splitlines()
+    wanted = sorted(f"0: {START_UP_TEXT[number % 10 == 9]}{number}" for number in range(START_UP_LINES))
+    problems = expect(sorted(line for line in said if line.startswith("0: ")), wanted, "rank 0's lines")
+    return ran, problems + expect(ran.status, 0, "exit status") + ("" if len(said) < LINES_LIMIT else "too many; ")
+
+
 STEPS: dict[str, Callable[[World], tuple[Ran, str]]] = {
     "health report": health_report,
     "hang report": hang_report,
     "launch plan written": launch_plan_written,
+    START_UP: console_of_a_start_up,
 }
 
 
@@ -264,6 +276,7 @@ def measure(job: Job, args: argparse.Namespace) -> dict:
                 "seconds": round(ran.seconds, 3), "cpu_s": round(ran.cpu_seconds, 3),
                 "set_aside_s": round(ran.set_aside_s, 2),
                 "peak_mb": round(ran.peak_bytes / 2**20, 1), "status": ran.status, "wrong": wrong,
+                "console_lines": ran.stdout.count("\n") + ran.stderr.count("\n"),
                 **({"stderr": ran.stderr[-2000:]} if wrong else {}),
             }  # fmt: skip
             figures = f"{ran.seconds:.2f} s ({ran.cpu_seconds:.2f} s CPU), {ran.peak_bytes / 2**20:.0f} MB"
@@ -298,9 +311,10 @@ def markdown(result: dict) -> str:
         for size in sizes:
             step = size["steps"][name]
             wrong = " **wrong verdict**" if step["wrong"] else ""
-            cells.append(f"{step['seconds']:.2f} s ({step['cpu_s']:.2f} s CPU), {step['peak_mb']:.0f} MB{wrong}")
-        limit = LIMITS_S.get(name)
-        lines.append(report.row([name, *cells, f"{limit:g} s" if limit else None]))
+            said = f", {step['console_lines']:,} lines" if name == START_UP else ""
+            cells.append(f"{step['seconds']:.2f} s ({step['cpu_s']:.2f} s CPU), {step['peak_mb']:.0f} MB{said}{wrong}")
+        limit = f"{LINES_LIMIT} lines" if name == START_UP else f"{LIMITS_S[name]:g} s" if name in LIMITS_S else None
+        lines.append(report.row([name, *cells, limit]))
     built = [f"{size['build_s']:.0f} s, {size['disk_mb']:,} MB" for size in sizes]
     lines.append(report.row(["tree: build, disk", *built, None]))
     pairs = list(itertools.pairwise(sizes))

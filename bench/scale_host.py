@@ -9,6 +9,7 @@ STEP ...`: the standard library only, as the host needs), and the stand-ins for 
     health-report -- ARGS             launcher/health/report.py ARGS
     answer STAGED HANG                the stand-in scancel: each rank's answer, as bench/scale_tree.py staged it
     health-launch STAGED HEALTH S     the health check's launch: the ranks' records into place, its end S s later
+    start-up LINES SRUN_ARGS...       the stand-in srun of a start-up: each rank prints the same LINES lines
 
 The two reports write to $SCALE_SPENT the seconds they waited for the ranks (signalling them and waiting for their
 answers; the health check's launch): the ranks' time, not the host's.
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+START_UP = ("> a line of every rank's start-up, ", "/opt/megatron/setup.py:9: UserWarning: every rank warns, ")
 if not __package__:  # run as a script: the repository, one folder up, holds the launcher
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -107,12 +109,23 @@ def health_launch(staged: str, health: str, end_s: str) -> int:
     return 0
 
 
+def start_up(lines: str, *srun: str) -> int:
+    """Each of srun's --ntasks ranks prints the same LINES lines, labelled as launcher/rank/rank.sh labels them, every
+    rank a line in turn; each tenth a warning, on stderr as Python prints one."""
+    ranks = int(next(word for word in srun if word.startswith("--ntasks=")).removeprefix("--ntasks="))
+    for number in range(int(lines)):
+        out = sys.stderr if number % 10 == 9 else sys.stdout
+        out.write("".join(f"{rank}: {START_UP[number % 10 == 9]}{number}\n" for rank in range(ranks)))
+    return 0
+
+
 STEPS: dict[str, Callable[..., int]] = {
     "measure": measure,
     "hang-report": hang_report,
     "health-report": health_report,
     "answer": answer,
     "health-launch": health_launch,
+    "start-up": start_up,
 }
 
 

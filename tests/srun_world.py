@@ -88,6 +88,7 @@ LAUNCHER_VARIABLES = (
     "GLOO_SOCKET_IFNAME",
     "SRUNSH_SRUN_EXTRA_ARGS",
     "SRUNSH_COMPILE_CACHE",
+    "SRUNSH_CONSOLE_RANKS",
     # torch's Inductor sets its cache directory in the environment of a process that compiled (a test's own)
     *("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR"),
     *("SRUNSH_SAVE_LEAD_S", "SRUNSH_MAX_RETRIES", "SRUNSH_HEALTH", "SRUNSH_HEALTH_TIMEOUT_S", "SRUNSH_HANG_TIMEOUT_S"),

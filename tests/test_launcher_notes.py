@@ -59,7 +59,7 @@ def ours(local: str, lines: bytes, tmp_path: Path) -> tuple[bytes, bytes]:
     log.write_bytes(b"")
     console = io.BytesIO()
     with log.open("ab") as sink:
-        pass_on(io.BytesIO(lines), console, sink, local == "1")
+        pass_on(io.BytesIO(lines), console.write, sink, local == "1")
     return console.getvalue(), log.read_bytes()
 
 

@@ -251,6 +251,20 @@ def cases(world: Path) -> dict[str, Case]:
         "hang timeout not a number": Case(
             local, ["SRUNSH_HANG_TIMEOUT_S=5m is not a positive number of seconds"], env={"SRUNSH_HANG_TIMEOUT_S": "5m"}
         ),
+        "console ranks not a rank list": Case(
+            local,
+            ["SRUNSH_CONSOLE_RANKS='0;7' is not a rank list", "SRUNSH_CONSOLE_RANKS=0,7 or 0-3, or all"],
+            env={"SRUNSH_CONSOLE_RANKS": "0;7"},
+        ),
+        "console ranks of no rank of the job": Case(
+            ["--no-container", "recipe.py"],
+            ["SRUNSH_CONSOLE_RANKS=8-15 names no rank of this job (ranks 0-7): name some of them, or all"],
+            env={"SRUNSH_CONSOLE_RANKS": "8-15"},
+            in_allocation=True,
+        ),
+        "console ranks of no rank of the local job": Case(
+            local, ["SRUNSH_CONSOLE_RANKS=4 names no rank of this job (ranks 0-3)"], env={"SRUNSH_CONSOLE_RANKS": "4"}
+        ),
         "override without a value": Case(
             [*local, "train.train_iters"],
             ["argument train.train_iters is not NAME=VALUE", "write it as NAME=VALUE, e.g. train.train_iters=1000"],

@@ -47,8 +47,9 @@ def assert_one_job_of(records: dict[int, dict], nodes: list[str], per_node: int)
 
 
 def test_two_nodes_rendezvous_with_ranks_per_node_from_the_gpus_allocated(slurm_world: SrunWorld):
+    every_rank = {"SRUNSH_CONSOLE_RANKS": "all"}  # every rank's lines on the console, as each rank's log has them
     result, steps = slurm_world.in_allocation(
-        "--no-container", "recipe.py", salloc=("--nodes=2", "--gpus-per-node=3"), env=RENDEZVOUS
+        "--no-container", "recipe.py", salloc=("--nodes=2", "--gpus-per-node=3"), env={**RENDEZVOUS, **every_rank}
     )
 
     assert result.returncode == 0, result.stderr

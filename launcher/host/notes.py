@@ -1,6 +1,7 @@
 """Where each line srun or torchrun print goes: RUN_DIR/logs/launcher.log, the console, or both (docs/launch.md)."""
 
 import re
+from collections.abc import Callable
 from typing import BinaryIO
 
 CONSOLE_LOCAL = re.compile(rb"^([0-9]+|srun\.sh): ")
@@ -23,10 +24,10 @@ def destinations(line: bytes, local: bool) -> tuple[bool, bool]:
     return True, SRUN.match(line) is not None
 
 
-def pass_on(source: BinaryIO, console: BinaryIO, log: BinaryIO, local: bool) -> None:
+def pass_on(source: BinaryIO, console: Callable[[bytes], object], log: BinaryIO, local: bool) -> None:
     for line in iter(source.readline, b""):
         to_console, to_log = destinations(line.rstrip(b"\n"), local)
-        for wanted, sink in ((to_log, log), (to_console, console)):
+        for wanted, write in ((to_log, log.write), (to_console, console)):
             if wanted:
-                sink.write(line)
-                sink.flush()
+                write(line)
+        log.flush()

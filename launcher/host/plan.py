@@ -22,6 +22,7 @@ class LaunchPlan:
     health: bool = False  # the health check runs first
     health_timeout_s: str = "60"
     hang_timeout_s: str = ""
+    console_ranks: str = ""  # SRUNSH_CONSOLE_RANKS
     ranks_per_node: int = 8
     cpus_per_rank: str = ""
     image: str = ""

@@ -50,6 +50,8 @@ KNOB_CHECKS: Checks = {
         "is not a positive number of seconds: e.g. SRUNSH_HEALTH_TIMEOUT_S=60"),
     "SRUNSH_HANG_TIMEOUT_S": (lambda value: value in ("", "off") or POSITIVE.fullmatch(value),
         "is not a positive number of seconds: e.g. SRUNSH_HANG_TIMEOUT_S=900, off, or unset for the default"),
+    "SRUNSH_CONSOLE_RANKS": (re.compile(r"(all|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)?").fullmatch,
+        "is not a rank list: name ranks and ranges, e.g. SRUNSH_CONSOLE_RANKS=0,7 or 0-3, or all, or unset it"),
     "SRUNSH_COMPILE_CACHE": (lambda value: value == "off" or re.fullmatch(r"/[^\s,:]*", value),
         "is not off or an absolute path without spaces, ',' or ':' (pyxis's mount syntax): name a directory on"
         " every node's own disk, e.g. SRUNSH_COMPILE_CACHE=/var/tmp"),
@@ -293,6 +295,7 @@ def preflight(plan: LaunchPlan, words: list[str], knob: Knobs, sbatch_args: list
     plan.srun_extra_args = knob["SRUNSH_SRUN_EXTRA_ARGS"].split("\n", 1)[0].split()
     plan.health = plan.health_only or knob["SRUNSH_HEALTH"] == "1"
     plan.health_timeout_s, plan.hang_timeout_s = knob["SRUNSH_HEALTH_TIMEOUT_S"], knob["SRUNSH_HANG_TIMEOUT_S"]
+    plan.console_ranks = knob["SRUNSH_CONSOLE_RANKS"]
     environment_knobs(knob_names(), plan)
     recipe = check_arguments(plan, words)
     if sbatch_args is not None:

@@ -1,6 +1,5 @@
 """The launch's one process on the launching host: srun.sh hands it the knobs and its arguments, and it checks them,
-settles the launch plan, and runs the launch to its end. Standard library only: the launching host may have no
-training stack.
+settles the launch plan, and runs the launch to its end. Standard library only: the host may have no training stack.
 
     python3 launcher/host/supervisor.py NAME=VALUE... -- [--sbatch SBATCH_OPTION... -- | --batch-job] [options] ...
 """
@@ -29,6 +28,7 @@ from launcher.health.exclude_nodes import exclude
 from launcher.host import batch, command, container, goodput
 from launcher.host import plan as plans
 from launcher.host.batch import BatchJob
+from launcher.host.console import Console, shown_ranks
 from launcher.host.first_failure import log_end
 from launcher.host.first_failure import report as report_failure
 from launcher.host.job import resolve_job, take_run
@@ -50,10 +50,11 @@ def kill_wait_s() -> int:
 
 
 class Step:
-    """One launch command, run to its end; `stop` sends its ranks SIGTERM."""
+    """One launch command, run to its end, its ranks' lines through a Console; `stop` sends its ranks SIGTERM."""
 
-    def __init__(self, command: list[str], log: Path, local: bool) -> None:
-        self.command, self.log, self.local = command, log, local
+    def __init__(self, command: list[str], log: Path, plan: plans.LaunchPlan) -> None:
+        self.command, self.log, self.local = command, log, plan.local
+        self.console = Console(shown_ranks(plan.console_ranks, plan.world_size))
         self.process: subprocess.Popen[bytes] | None = None
         self.log_start = 1
 
@@ -63,13 +64,22 @@ class Step:
             log = open(self.log, "ab")  # closed by the notes thread
         self.log_start = log.tell() + 1  # this launch's lines of launcher.log start here
         # torchrun gets a session of its own, so that a terminal's Ctrl-C reaches the ranks once, as srun.sh's SIGTERM.
-        self.process = subprocess.Popen(self.command, stderr=subprocess.PIPE, start_new_session=self.local)
-        notes = threading.Thread(target=keep_notes, args=(self.process.stderr, log, self.local), daemon=True)
-        notes.start()
+        self.process = subprocess.Popen(
+            self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=self.local
+        )
+        readers = [
+            threading.Thread(target=keep_notes, args=(self.process.stderr, log, self.local, self.console), daemon=True),
+            threading.Thread(target=self.console.pass_on, args=(self.process.stdout, sys.stdout.buffer), daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
         while self.process.poll() is None:
             each_poll()
+            self.console.tick()
             time.sleep(POLL_S)
-        notes.join()
+        for reader in readers:
+            reader.join()
+        self.console.tick(end=True)
         code = self.process.returncode
         return 128 - code if code < 0 else code  # as the shell gives it: 128+N for a signal
 
@@ -93,10 +103,10 @@ class Step:
         subprocess.run(["scancel", step], stderr=subprocess.DEVNULL, check=False)
 
 
-def keep_notes(source: BinaryIO, log: BinaryIO, local: bool) -> None:
+def keep_notes(source: BinaryIO, log: BinaryIO, local: bool, console: Console) -> None:
     """What srun or torchrun say, to launcher.log, the console or both (notes.py), in a thread that outlives a stop."""
     with log:
-        pass_on(source, sys.stderr.buffer, log, local)
+        pass_on(source, lambda line: console.line(line, sys.stderr.buffer), log, local)
 
 
 class Supervisor:
@@ -124,9 +134,8 @@ class Supervisor:
         self.stop_ranks(f"srun.sh got {self.stopped_by.name}")
 
     def on_time_limit(self) -> None:
-        """A batch job SRUNSH_SAVE_LEAD_S from its time limit: every rank gets SIGTERM, on which Megatron Bridge saves
-        a checkpoint and stops; before training, the health check runs to its verdict and the job then requeues
-        itself untrained."""
+        """A batch job SRUNSH_SAVE_LEAD_S from its time limit: SIGTERM to every rank, on which Megatron Bridge saves a
+        checkpoint and stops; before training, the health check runs to its verdict, and the job requeues untrained."""
         assert self.limit is not None  # a batch job's
         if not self.training_started:
             self.limit.say_untrained()
@@ -147,8 +156,7 @@ class Supervisor:
             raise SystemExit(128 + self.stopped_by)
 
     def stop_ranks(self, why: str, to_save: bool = False) -> None:
-        """The hang report, once per launch and before any rank is signalled to stop (WHY says what stopped them),
-        then SIGTERM to every rank."""
+        """The hang report, once a launch and before any rank is signalled (WHY stopped them); SIGTERM to every rank."""
         if self.hang_report_due:
             self.hang_report_due = False
             step = "" if self.plan.local else launch_step(self.job, self.plan.step_name)
@@ -197,15 +205,14 @@ class Supervisor:
             watching = (self.run_dir, fixed, stalls.append, stop_watch)
             threading.Thread(target=watch, args=watching, daemon=True).start()
         self.hang_report_due = self.goodput_due = True
-        self.step = Step(command.launch_command(self.plan), self.log, self.plan.local)
+        self.step = Step(command.launch_command(self.plan), self.log, self.plan)
         status = self.step.run(lambda: self.on_stall(stalls[0]) if stalls else None)
         self.hang_report_due = False
         stop_watch.set()
         return status
 
     def check_health(self) -> None:
-        """Returns only when every node passed and a launch follows; otherwise exits (a batch job first requeues
-        itself without the nodes that failed)."""
+        """Returns if all nodes passed and a launch follows; else exits (a batch job requeues without failed nodes)."""
         plan = self.plan
         say(
             f"# srun.sh: health check of {len(plan.hosts)} node(s) x {plan.ranks_per_node} rank(s), each part within"
@@ -215,7 +222,7 @@ class Supervisor:
         result.unlink(missing_ok=True)
         report = ["python3", f"{REPO}/launcher/health/report.py", plan.run_dir, "--timeout", plan.health_timeout_s]
         report += ["--nodes", ",".join(plan.hosts), "--ranks-per-node", str(plan.ranks_per_node), "--"]
-        self.step = Step([*report, *command.launch_command(plan, health=True)], self.log, plan.local)
+        self.step = Step([*report, *command.launch_command(plan, health=True)], self.log, plan)
         status = self.step.run()
         run_files.remove_rank_statuses(plan.run_dir)  # the check's: the launch's own failure report reads these
         self.exit_if_stopped()
@@ -295,6 +302,8 @@ def launch(plan: plans.LaunchPlan, words: list[str], knobs: Knobs, limit: BatchJ
     status; its run folder is taken unless it is a dry run."""
     preflight(plan, words, knobs)
     resuming = resolve_job(plan, knobs)
+    if plan.local or os.environ.get("SLURM_JOB_NODELIST"):  # else a dry run's nodes are placeholders
+        shown_ranks(plan.console_ranks, plan.world_size)
     # Checked before the run's folder is taken; a port srun.sh derives is below 32768: only the knob's can be too high.
     restart = inprocess_plan(plan.overrides, len(plan.hosts), plan.ranks_per_node, int(knobs["MASTER_PORT"] or 0))
     plan.inprocess = plan.keep_work = restart.enabled

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One rank: `srun.sh --rank-exec COMMAND...` runs this once per rank, started by srun in every task (or by torchrun
 # with --local). It gives the rank its torch.distributed identity, checks that the rank has a GPU, keeps its output in
-# RUN_DIR/logs/rank-RANK.log beside the console's lines labelled "RANK: ", and records how it ended in
+# RUN_DIR/logs/rank-RANK.log beside its lines labelled "RANK: " for srun.sh's console, and records how it ended in
 # RUN_DIR/logs/rank-RANK.status ("STATUS EPOCH_SECONDS HOST") for the launch's failure report. The log's writers are
 # processes of their own: they outlive a SIGTERM or a crash of the rank, so its last words are kept.
 set -euo pipefail
@@ -12,8 +12,7 @@ die() {
 }
 
 # A rank that cannot start says why in one line, in its log and once for the whole job (the first rank to get there
-# leaves it for srun.sh's report, as entrypoint.py does with a config error: eight ranks a node would repeat it), and
-# leaves its status for the report.
+# leaves it for srun.sh's report, as entrypoint.py does with a config error), and leaves its status for the report.
 rank_fails() {
   local line="srun.sh: $*"
   (umask 077 && printf '%s\n' "$line" >>"$RANK_LOG")
@@ -64,9 +63,8 @@ export_gloo_interface() {
 }
 
 # Triton's and TorchInductor's caches, one folder per rank of a node so that no two ranks race on one: in the node's
-# SRUNSH_COMPILE_CACHE (as srun.sh checked it), where the next launch on this node finds the kernels compiled, or else
-# (off) in /tmp. A value the user set wins. The folder is this user's alone: a cache holds shared libraries the rank
-# loads, and the directory is one every user of the node may write in.
+# SRUNSH_COMPILE_CACHE (as srun.sh checked it), where the next launch on this node finds the kernels compiled, or (off)
+# in /tmp; a value the user set wins. The folder is this user's alone: a cache holds shared libraries the rank loads.
 export_compile_caches() {
   local root=${SRUNSH_COMPILE_CACHE:-off}
   if [[ $root == off ]]; then
@@ -97,9 +95,8 @@ check_local_checkpoints() {
       "writable): SRUNSH_LOCAL_CKPT_DIR must be a writable directory on every node's own disk, or off"
 }
 
-# Console lines get the rank as label; the rank's log gets them as they are, each line in one write, so that a line of
-# stdout and one of stderr never splice in the log (an unbuffered python writes a line's text and its newline apart).
-# Both outlive a SIGTERM to the step, so the rank's last words are kept.
+# The lines to srun.sh's console get the rank as label; the log gets each whole, in one write, or a stdout and a stderr
+# line could splice (an unbuffered python writes a line's text and its newline apart). Both outlive a SIGTERM.
 label_and_log() {
   trap '' INT TERM
   umask 077
@@ -110,9 +107,7 @@ main() {
   # Started by srun.sh: it set RUN_DIR, and either torchrun set RANK (--local) or the task is a step of SLURM's.
   [[ -n ${RUN_DIR:-} && (-n ${RANK:-} || -n ${SLURM_STEP_ID:-}) ]] ||
     die "--rank-exec is srun.sh's own mode for one rank:" "run ./srun.sh RECIPE.py instead"
-  if [[ -z ${RANK:-} ]]; then
-    RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID # SLURM's task ids become torch.distributed's
-  fi
+  [[ -n ${RANK:-} ]] || RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID # SLURM's task ids become torch.distributed's
   export RANK LOCAL_RANK
   # srun.sh's hang report signals every process of the step (SIGUSR2): only the rank answers (launcher/hang/dumps.py)
   # and the rest, this shell and its log writers among them, ignore it, as the rank does until it answers.
@@ -135,8 +130,7 @@ main() {
   exec {err}> >(label_and_log "$RANK_LOG" >&2)
   log_pids+=("$!")
   # The rank is this shell's only child, in the foreground: a signal reaches it directly (srun and torchrun signal
-  # every process of the rank), and this shell outlives the signal to record how the rank ended. The report of
-  # the signal that bash would print goes nowhere: srun.sh names the first failure itself.
+  # every process of the rank), and this shell outlives it to record how the rank ended, quietly (srun.sh reports).
   trap : INT TERM
   { "$@" 1>&"$out" 2>&"$err"; } 2>/dev/null || status=$?
   record_rank_status "$status"
