@@ -151,6 +151,27 @@ def run_entrypoint(output_root: Path) -> Callable[..., subprocess.CompletedProce
     return run
 
 
+@pytest.fixture
+def entrypoint_main(
+    output_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """entrypoint.main() in this process, from the repository, with what it printed: run_entrypoint's result without
+    the new process, whose imports of the training stack cost some 15 s of CPU (this worker has them already). For
+    tests of what the arguments and the recipe do; test_entrypoint.py checks that the program says the same."""
+    import entrypoint
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.chdir(REPO)
+        capsys.readouterr()  # what the test printed before is not the call's
+        status = entrypoint.main(list(args))
+        said = capsys.readouterr()
+        return subprocess.CompletedProcess(["entrypoint.py", *args], status, said.out, said.err)
+
+    return run
+
+
 def error_lines(stderr: str) -> list[str]:
     """The lines of stderr that entrypoint.py wrote itself (Megatron's import-time warnings filtered out)."""
     return [line for line in stderr.splitlines() if line.startswith("entrypoint.py:")]

@@ -205,9 +205,9 @@ def test_prepare_data_refuses_bad_input_in_one_line_and_writes_nothing(
 # ---- data_paths= and the checks before training ---------------------------------------------------------------------
 
 
-def test_check_accepts_data_paths_and_says_what_the_run_trains_on(corpus: Corpus, prepared: Prepared, run_entrypoint):
+def test_check_accepts_data_paths_and_says_what_the_run_trains_on(corpus: Corpus, prepared: Prepared, entrypoint_main):
     data = [f"data_paths={prepared.prefix}", f"tokenizer_path={corpus.tokenizer}", "dataset.split=90,5,5"]
-    result = run_entrypoint(TINY, *data, "--check", "--world-size", "2")
+    result = entrypoint_main(TINY, *data, "--check", "--world-size", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "profile_ranks=0\n"
     tokens = sum(map(len, expected_documents(corpus)))

@@ -89,12 +89,12 @@ def stdlib_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 
 def test_a_small_corpus_whose_valid_split_gets_no_document_is_refused_in_one_line(
-    stdlib_corpus: tuple[Path, Path], run_entrypoint: Callable[..., subprocess.CompletedProcess[str]]
+    stdlib_corpus: tuple[Path, Path], entrypoint_main: Callable[..., subprocess.CompletedProcess[str]]
 ):
     """Megatron Bridge's 9999,8,2 gives the 167 documents' valid and test splits none (round(0.9989 * 167) = 167):
     without the check, --check passed and every rank then hung in megatron-core's GPTDataset._get_num_epochs."""
     prefix, tokenizer = stdlib_corpus
-    result = run_entrypoint(TINY, f"data_paths={prefix}", f"tokenizer_path={tokenizer}", "--check")
+    result = entrypoint_main(TINY, f"data_paths={prefix}", f"tokenizer_path={tokenizer}", "--check")
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stdout == ""
     (line,) = error_lines(result.stderr)
@@ -107,11 +107,11 @@ def test_a_small_corpus_whose_valid_split_gets_no_document_is_refused_in_one_lin
 
 
 def test_the_split_the_refusal_offers_passes_as_typed_and_megatron_core_builds_it(
-    stdlib_corpus: tuple[Path, Path], run_entrypoint, output_root: Path
+    stdlib_corpus: tuple[Path, Path], entrypoint_main, output_root: Path
 ):
     prefix, tokenizer = stdlib_corpus
     arguments = [TINY, f"data_paths={prefix}", f"tokenizer_path={tokenizer}", "dataset.split=90,5,5"]
-    result = run_entrypoint(*arguments, "--check")
+    result = entrypoint_main(*arguments, "--check")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "profile_ranks=0\n"
     cfg = resolve(*arguments)

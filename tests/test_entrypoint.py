@@ -281,9 +281,9 @@ def test_a_python_without_the_stack_names_the_image_and_the_fix(tmp_path: Path):
         ("def configure():\n    return 42\n", "configure() returned int, not a ConfigContainer"),
     ],
 )
-def test_broken_recipe_is_refused_in_one_line(tmp_path: Path, run_entrypoint, recipe_body: str, message: str):
+def test_broken_recipe_is_refused_in_one_line(tmp_path: Path, entrypoint_main, recipe_body: str, message: str):
     recipe = write_recipe(tmp_path, recipe_body)
-    result = run_entrypoint(recipe, "--check")
+    result = entrypoint_main(recipe, "--check")
     assert result.returncode == 2
     lines = error_lines(result.stderr)
     assert len(lines) == 1
@@ -300,12 +300,31 @@ def test_broken_recipe_is_refused_in_one_line(tmp_path: Path, run_entrypoint, re
         ([], "the following arguments are required: recipe"),
     ],
 )
-def test_command_line_errors_are_one_line_and_exit_2(run_entrypoint, arguments: list[str], message: str):
-    result = run_entrypoint(*arguments)
+def test_command_line_errors_are_one_line_and_exit_2(entrypoint_main, arguments: list[str], message: str):
+    result = entrypoint_main(*arguments)
     assert result.returncode == 2
     lines = error_lines(result.stderr)
     assert len(lines) == 1
     assert message in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("recipe_body", "arguments"),
+    [
+        ("def configure():\n    return 42\n", ["--check"]),  # the imports' chatter held back
+        (None, ["--bogus"]),  # the imports' chatter on stderr
+    ],
+)
+def test_entrypoint_run_as_a_program_says_what_its_main_says(
+    tmp_path: Path, run_entrypoint, entrypoint_main, recipe_body: str | None, arguments: list[str]
+):
+    """The tests above call main() in this process; the program, whose imports run in its own process and whose
+    exit status is main()'s, says the same."""
+    recipe = write_recipe(tmp_path, recipe_body) if recipe_body else TINY
+    program, main = run_entrypoint(recipe, *arguments), entrypoint_main(recipe, *arguments)
+    assert program.returncode == main.returncode == 2
+    assert program.stdout == main.stdout
+    assert error_lines(program.stderr) == error_lines(main.stderr) != []
 
 
 def test_print_config_prints_the_resolved_config_as_yaml(run_entrypoint):
@@ -317,13 +336,13 @@ def test_print_config_prints_the_resolved_config_as_yaml(run_entrypoint):
     assert config["profiling"]["use_viztracer"] is False
 
 
-def test_check_prints_the_profiled_ranks_for_the_launcher(run_entrypoint):
+def test_check_prints_the_profiled_ranks_for_the_launcher(run_entrypoint, entrypoint_main):
     result = run_entrypoint(TINY, "profiling.profile_ranks=[0,3]", "--check", "--world-size", "4")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "profile_ranks=0,3"
     (said,) = error_lines(result.stderr)  # once: the run trains on mock data
     assert said.startswith("entrypoint.py: data: mock (tokens Megatron generates, not a corpus): pass data_paths=")
-    every = run_entrypoint(TINY, "profiling.profile_ranks=[]", "--check", "--world-size", "4")
+    every = entrypoint_main(TINY, "profiling.profile_ranks=[]", "--check", "--world-size", "4")
     assert every.stdout.splitlines()[-1] == "profile_ranks=0,1,2,3"
 
 

@@ -9,7 +9,9 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -154,53 +156,70 @@ def wait_for_failure_line(rank: subprocess.Popen, failed: threading.Event, stder
     assert failed.is_set(), f"no {FAILURE_LINE!r} line (exit {rank.poll()}): {''.join(stderr)[-3000:]}"
 
 
-def test_without_it_the_rank_stays(tmp_path):
-    """The condition the module is for: Megatron Bridge's pretrain() does not return while its clean-up hangs. The
-    rank is watched from its failure line on (it takes about 11 s to get there), for HOLD_S."""
+# A rank watched from outside from Megatron Bridge's failure line on: its exit status (None: it still ran at the end of
+# the watch), the seconds from that line to its exit or to the end of the watch, and its stderr.
+Watched = tuple[int | None, float, str]
+
+
+def watch(script: str, seconds: float) -> Watched:
+    """The rank of SCRIPT, watched for SECONDS from its failure line on (it takes about 11 s to get there), then
+    killed."""
     failed = threading.Event()
     stderr: list[str] = []
-
+    status = None
     with subprocess.Popen(
-        [sys.executable, rank_script(tmp_path, "")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        [sys.executable, script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     ) as rank:
         reader = read_stderr(rank, stderr, failed)
         try:
             wait_for_failure_line(rank, failed, stderr)
-            time.sleep(HOLD_S)
-            assert rank.poll() is None, f"the rank exited {rank.returncode} without the fix: {''.join(stderr)[-3000:]}"
+            seen = time.monotonic()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                status = rank.wait(timeout=seconds)
+            waited = time.monotonic() - seen
         finally:
             rank.kill()
             rank.wait()
         reader.join(timeout=10)
+    return status, waited, "".join(stderr)
 
 
 # The grace that entrypoint.py's install() gives a rank whose clean-up after a training error hangs.
 DEFAULT_GRACE_S = 60.0
 
 
-def test_a_rank_whose_clean_up_after_an_error_hangs_exits_after_the_default_grace_not_later(tmp_path):
+@pytest.fixture
+def hanging_clean_ups(once, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Watched]:
+    """The two ranks whose clean-up hangs that the tests below watch for a minute each, watched at the same time (a
+    minute, not two, of a test worker), once a session: "without", with no exit_after_failure, for HOLD_S; "default",
+    with it installed as entrypoint.py installs it, until DEFAULT_GRACE_S + 10 s."""
+
+    def watch_both() -> dict[str, Watched]:
+        folder = tmp_path_factory.mktemp("hanging_clean_ups")
+        (folder / "without").mkdir()
+        (folder / "default").mkdir()
+        without = rank_script(folder / "without", "")
+        default = rank_script(folder / "default", "exit_after_failure.install()")
+        with ThreadPoolExecutor(2) as pool:
+            watches = pool.submit(watch, without, HOLD_S), pool.submit(watch, default, DEFAULT_GRACE_S + 10)
+            return {"without": watches[0].result(), "default": watches[1].result()}
+
+    return once("failure-exit-hanging-clean-ups", watch_both)
+
+
+def test_without_it_the_rank_stays(hanging_clean_ups: dict[str, Watched]):
+    """The condition the module is for: Megatron Bridge's pretrain() does not return while its clean-up hangs. The
+    rank is watched from its failure line on, for HOLD_S."""
+    status, _, said = hanging_clean_ups["without"]
+    assert status is None, f"the rank exited {status} without the fix: {said[-3000:]}"
+
+
+def test_a_rank_whose_clean_up_after_an_error_hangs_exits_after_the_default_grace_not_later(
+    hanging_clean_ups: dict[str, Watched],
+):
     """The rank, installed as entrypoint.py installs it, is timed from outside from Megatron Bridge's failure line
     (its record starts the grace) to its exit."""
-    failed = threading.Event()
-    stderr: list[str] = []
-    status = None
-    with subprocess.Popen(
-        [sys.executable, rank_script(tmp_path, "exit_after_failure.install()")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    ) as rank:  # fmt: skip
-        reader = read_stderr(rank, stderr, failed)
-        try:
-            wait_for_failure_line(rank, failed, stderr)
-            seen = time.monotonic()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                status = rank.wait(timeout=DEFAULT_GRACE_S + 10)
-            waited = time.monotonic() - seen
-        finally:
-            rank.kill()
-            rank.wait()
-        reader.join(timeout=10)
-
-    said = "".join(stderr)
+    status, waited, said = hanging_clean_ups["default"]
     assert status == 1, f"exit status {status} {waited:.1f} s after the failure line: {said[-3000:]}"
     assert waited > DEFAULT_GRACE_S - 10, f"the rank exited {waited:.1f} s after the failure line"
     assert said.rstrip().endswith(

@@ -1,6 +1,7 @@
 """Every launch example in README.md runs: its options through `srun.sh --dry-run`, and its recipe and overrides
-through the same pre-flight check srun.sh runs (`entrypoint.py --check`) for the example's node count. The "Your
-data" section runs as far as CI can: its preparations, its check, and its launches the same way."""
+through `entrypoint.py --check` for the example's node count (main() in this process: the worker has the training
+stack imported, a new process would spend some 15 s of CPU importing it again). The "Your data" section runs as far
+as CI can: its preparations, its check, and its launches the same way."""
 
 import json
 import os
@@ -66,15 +67,16 @@ def test_readme_has_the_launch_examples():
     assert any("--nsys" in e for e in EXAMPLES) and any("use_viztracer=true" in e for e in EXAMPLES)
 
 
-def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run(command: list[str], variables: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **variables}
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-def launch_environment(tmp_path: Path, options: list[str]) -> dict[str, str]:
+def launch_variables(tmp_path: Path, options: list[str]) -> dict[str, str]:
+    """What a launch of the examples has in its environment besides this process's."""
     sqsh = tmp_path / "megatron-lm+latest.sqsh"
     sqsh.write_bytes(SQUASHFS_MAGIC)
     return {
-        **os.environ,
         "SRUNSH_SQSH": str(sqsh),
         "SRUNSH_MOUNT": f"{REPO}:/workspace/megatron,{tmp_path}:{tmp_path}",
         "SRUNSH_PYTHON": sys.executable,
@@ -86,15 +88,15 @@ def launch_environment(tmp_path: Path, options: list[str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Path, hf_dir, output_root: Path):
+def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Path, hf_dir, entrypoint_main):
     nodes, sbatch, options, recipe, arguments = split(example)
     arguments = [local_model(a, hf_dir) for a in arguments]
     if recipe in HUB_RECIPES and not any(a.startswith("hf_path=") for a in arguments):
         arguments.append(f"hf_path={hf_dir(HUB_RECIPES[recipe])}")
-    env = launch_environment(tmp_path, options)
+    variables = launch_variables(tmp_path, options)
     dry_run = ["--dry-run", *(o for o in options if o != "--dry-run")]
     submit = ["--sbatch", *sbatch, "--"] if sbatch else []
-    result = run([str(REPO / "srun.sh"), *submit, *dry_run, *([recipe] if recipe else []), *arguments], env)
+    result = run([str(REPO / "srun.sh"), *submit, *dry_run, *([recipe] if recipe else []), *arguments], variables)
     assert result.returncode == 0, result.stderr[-2000:]
     if "--health" in options:
         assert "launcher/health.py" in result.stdout
@@ -102,15 +104,15 @@ def test_readme_example_passes_dry_run_and_preflight(example: str, tmp_path: Pat
     if "--nsys" in options:
         arguments.append("profiling.use_nsys_profiler=true")
     world_size = 2 if "--local" in options else 8 * nodes
-    check = run([sys.executable, "entrypoint.py", recipe, *arguments, "--check", "--world-size", str(world_size)], env)
+    check = entrypoint_main(recipe, *arguments, "--check", "--world-size", str(world_size), env=variables)
     assert check.returncode == 0, check.stderr[-2000:]
 
 
-def test_readme_recipe_example_is_a_working_recipe(tmp_path: Path, hf_dir, run_entrypoint):
+def test_readme_recipe_example_is_a_working_recipe(tmp_path: Path, hf_dir, entrypoint_main):
     code = re.search(r"```python\n(.*?)```", README, re.DOTALL).group(1)
     recipe = tmp_path / "my_recipe.py"
     recipe.write_text(code)
-    result = run_entrypoint(str(recipe), f"hf_path={hf_dir('llama')}", "use_megatron_fsdp=true", "--print-config")
+    result = entrypoint_main(str(recipe), f"hf_path={hf_dir('llama')}", "use_megatron_fsdp=true", "--print-config")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "train_iters: 2000" in result.stdout
 
@@ -149,8 +151,9 @@ def test_readme_data_section_prepares_checks_and_launches(
             ran.append("check")
         else:
             nodes, _, options, recipe, arguments = split(" ".join(map(shlex.quote, words)))
-            env = launch_environment(tmp_path, options)
-            dry_run = run([str(REPO / "srun.sh"), "--dry-run", *options, recipe, *arguments], env)
+            dry_run = run(
+                [str(REPO / "srun.sh"), "--dry-run", *options, recipe, *arguments], launch_variables(tmp_path, options)
+            )
             assert dry_run.returncode == 0, dry_run.stderr[-2000:]
             check = ["--check", "--world-size", str(8 * nodes)]
             assert entrypoint.main([recipe, *arguments, *check]) == 0, capsys.readouterr().err[-2000:]
