@@ -95,7 +95,12 @@ def test_time_limit_ends_in_a_save_and_a_requeue_that_resumes(slurm_world: SrunW
     assert [attempt["ended"] for attempt in run["attempts"]] == ["requeued", "completed"]
     said = [re.search(r"goodput: no training step completed in (\d+) s", line) for line in log.splitlines()]
     walls = [int(match[1]) for match in said if match]
-    assert len(walls) == 2 and abs(walls[1] - run["total"]["wall_s"]) <= 1 and walls[1] > walls[0]
+    assert len(walls) == 2 and abs(walls[1] - run["total"]["wall_s"]) <= 1 and walls[1] >= walls[0]  # whole seconds
+    spans = sum(attempt["end"] - attempt["start"] for attempt in run["attempts"])
+    assert (
+        abs(run["total"]["wall_s"] - spans) < 0.01
+        and run["total"]["wall_s"] > run["attempts"][0]["end"] - run["attempts"][0]["start"]
+    )
 
 
 def test_scontrol_requeue_mid_run_resumes_the_same_run(slurm_world: SrunWorld):
