@@ -50,8 +50,8 @@ class Intervals:
         kind, self.saving = self.saving, None
         if kind is None or self.step_end is None:
             return
-        save_s, now = time.monotonic() - self.step_end, time.monotonic()
-        self.step_end = now  # the next step is timed from here
+        now = time.monotonic()
+        save_s, self.step_end = now - self.step_end, now  # the next step is timed from here
         if kind not in self.to_choose or not self.steps:
             return
         steps = self.steps_for(optimum_s(save_s, self.mtbf_s), kind)
