@@ -34,7 +34,8 @@ def link_rates(job: Job, part: str, ranks: list[int], rank: int, *, sizes: tuple
     figure = CAPPED if job.link_fault and kind == "pair" and job.slow_node in nodes else LINK_FIGURES[f"{kind}.{op}"]
     median, best, samples = {}, {}, []
     for size in sizes:
-        work = size * check.bus_factor(op, len(ranks)) / 1e9
+        factor = 2 * (len(ranks) - 1) / len(ranks) if op == "all_reduce" else 1.0  # as check.py's bus_bandwidth
+        work = size * factor / 1e9
         latency = 2e-5 * (len(nodes) if kind == "job" else 1)
         seconds = [work / value + latency for value in noisy(f"{part}-{size}-{rank}", figure, count)]
         median[str(size)], best[str(size)], samples = check.rates(work, seconds)
@@ -122,7 +123,7 @@ def write_health_rank(health: Path, job: Job, rank: int, plan: list) -> None:
     record.done(gpu_result(job, rank))
     for prefix, ranks, extra, retest in measured_parts(job, rank, plan):
         sizes, count = (check.GPU_SIZES[-1:], check.RETEST_SAMPLES) if retest else (check.GPU_SIZES, check.SAMPLES)
-        recorded = check.recorded_group(ranks, job.ranks)
+        recorded = check.JOB if len(ranks) == job.ranks else ranks  # as check.py records a group
         for part in (f"{prefix}.all_reduce", f"{prefix}.broadcast"):
             record.enter(part, recorded)
             record.done({**extra, **link_rates(job, part, ranks, rank, sizes=sizes, count=count), "ranks": recorded})
