@@ -28,7 +28,7 @@ def line(plan: LaunchPlan) -> str:
         return "saves no checkpoint (checkpoint.save_interval=0 on the command line): a failure loses every step"
     if given.get("non_persistent_ckpt_type") == "local" or given.get("non_persistent_save_interval", "0") != "0":
         return (
-            "local checkpoints are read back only by in-process restart or a requeued batch job, and this launch"
-            " has neither: add inprocess_restart.enabled=true, or submit it with --sbatch"
+            "local checkpoints are read back by in-process restart, a requeued batch job, or a launch of the same"
+            " SRUNSH_RUN_ID on the same nodes: add inprocess_restart.enabled=true, or submit it with --sbatch"
         )
     return ""

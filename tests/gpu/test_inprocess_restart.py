@@ -69,19 +69,24 @@ def test_a_killed_rank_is_replaced_by_the_spare_and_training_completes(launch, r
     assert "training completed after in-process restart; rank(s) 1 on" in run.log
 
 
-def test_with_local_checkpoints_a_raise_goes_on_from_the_newest_local_one(launch, record, tmp_path):
+@pytest.mark.parametrize("async_save", ["false", "true"], ids=["sync", "async"])
+def test_with_local_checkpoints_a_raise_goes_on_from_the_newest_local_one(launch, record, tmp_path, async_save):
     """Local checkpoints on (issue 67), their folder and interval left to srun.sh: on SRUNSH_LOCAL_CKPT_DIR, at an
     interval chosen from the first save's cost (SRUNSH_MTBF_S=60 s makes it a few steps), and the restart reloads
-    the newest."""
-    env = {"SRUNSH_LOCAL_CKPT_DIR": str(tmp_path), "SRUNSH_MTBF_S": "60"}
+    the newest; with persistent saves synchronous and asynchronous (the defaults issue 67 asks for: on the H100 the
+    asynchronous run did not end in 300 s, bench/results/goodput.md, so a hang leaves its report in the record)."""
+    env = {"SRUNSH_LOCAL_CKPT_DIR": str(tmp_path), "SRUNSH_MTBF_S": "60", "SRUNSH_HANG_TIMEOUT_S": "90"}
     common = (*(o for o in COMMON if not o.startswith("checkpoint.")), "fault=raise", "fault_rank=0")
-    common += ("checkpoint.non_persistent_ckpt_type=local",)
+    common += ("checkpoint.non_persistent_ckpt_type=local", f"checkpoint.async_save={async_save}")
     run = launch(RECIPE, *common, *RESTART, gpus=1, env=env, timeout=300)
     restart = re.search(r"resumed from the local checkpoint of step (?P<from>\d+) \((?P<again>\d+) step", run.log)
     chosen = re.search(r"a local checkpoint held training [0-9.]+ s: one every (?P<every>\d+) step", run.log)
     record(
         run,
-        case="e: raise, in-process, local checkpoints",
+        case=f"e: raise, in-process, local checkpoints, async_save={async_save}",
+        hang_report=report.read_text()[-6000:]
+        if run.run_dir and (report := run.run_dir / "hang-report.txt").exists()
+        else None,
         seconds_to_next_step=(line := RESTART_LINE.search(run.log)) and float(line["s"]),
         steps_lost=restart and int(restart["again"]) + 1,
     )

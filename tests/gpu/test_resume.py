@@ -74,16 +74,26 @@ class Launch:
         return lines[said[0] :] if said else []
 
 
-def launch(workdir: Path, switch: str, run_id: str, stop: Callable[[str, subprocess.Popen], None] | None = None):
-    """srun.sh --local on one GPU; `stop(line, process)` sees each line of its output."""
+def launch(
+    workdir: Path,
+    switch: str,
+    run_id: str,
+    *,
+    stop: Callable[[str, subprocess.Popen], None] | None = None,
+    more: tuple[str, ...] = (),
+    knobs: dict[str, str] | None = None,
+):
+    """srun.sh --local on one GPU, with overrides MORE and srun.sh KNOBS; `stop(line, process)` sees each line of its
+    output."""
     output_root = workdir / "outputs"
     env = {
         **os.environ,
         "SRUNSH_GPUS_PER_NODE": "1",
         "SRUNSH_RUN_ID": run_id,
         "SRUNSH_OUTPUT_ROOT": str(output_root),
+        **(knobs or {}),
     }
-    command = [str(REPO / "srun.sh"), "--local", TINY, switch, *COMMON]
+    command = [str(REPO / "srun.sh"), "--local", TINY, switch, *COMMON, *more]
     run_dir = output_root / "tiny_gpt_pretrain" / run_id
     signalled: list[float] = []
     stacks: list[str] = []
@@ -196,3 +206,42 @@ def test_sigterm_straight_to_the_rank_saves_and_exits(record, tmp_path: Path):
     assert stopped.status == 0, stopped.log[-3000:]
     assert evidence["saved_iterations"] == [max(losses)], (evidence, stopped.log[-3000:])
     assert "exiting program after receiving SIGTERM" in stopped.log, (evidence, stopped.log[-3000:])
+
+
+def test_a_rank_killed_after_a_local_checkpoint_is_relaunched_from_it_not_from_step_0(record, tmp_path: Path):
+    """Issue 67: local checkpoints on the node's own disk (SRUNSH_LOCAL_CKPT_DIR) every LOCAL_EVERY steps, no
+    persistent one yet; SIGKILL of the rank itself (no save, no signal handler) after iteration STOP_AFTER; the same
+    SRUNSH_RUN_ID launched again finds the newest local checkpoint in that run's folder and goes on from it."""
+    local_every = 3
+    more = (
+        "checkpoint.non_persistent_ckpt_type=local",
+        f"checkpoint.non_persistent_save_interval={local_every}",
+        f"checkpoint.save_interval={ITERS * 10}",
+    )
+    knobs = {"SRUNSH_LOCAL_CKPT_DIR": str(tmp_path / "node-disk")}
+    run_dir = tmp_path / "outputs" / "tiny_gpt_pretrain" / "killed"
+
+    def kill_rank_0(line: str, _process: subprocess.Popen) -> bool:
+        logged = megatron_log.ITERATION.search(line)
+        if not (logged and int(logged.group(1)) >= STOP_AFTER):
+            return False
+        os.kill(json.loads((run_dir / "hang" / "rank-0.json").read_text())["pid"], signal.SIGKILL)
+        return True
+
+    killed = launch(tmp_path, "use_megatron_fsdp=false", "killed", stop=kill_rank_0, more=more, knobs=knobs)
+    relaunched = launch(tmp_path, "use_megatron_fsdp=false", "killed", more=more, knobs=knobs)
+    killed_losses = megatron_log.parse(killed.log).losses
+    relaunched_losses = megatron_log.parse(relaunched.log).losses
+    newest_local = max(killed_losses, default=0) // local_every * local_every
+    record(
+        parse_log(Run(relaunched.status, relaunched.log, 0.0, None, None)),
+        last_killed_step=max(killed_losses, default=None),
+        first_relaunched_step=min(relaunched_losses, default=None),
+        persistent_saves=killed.saved_iterations(),
+        local_files=sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "node-disk").rglob("*") if p.is_file()),
+    )
+    assert killed.status != 0, killed.log[-3000:]
+    assert killed.saved_iterations() == [], killed.log[-3000:]
+    assert relaunched.status == 0, relaunched.log[-3000:]
+    assert min(relaunched_losses) in (newest_local + 1, newest_local - local_every + 1), sorted(relaunched_losses)
+    assert max(relaunched_losses) == ITERS
