@@ -204,9 +204,7 @@ def test_an_interactive_launch_keeps_the_recipes_choice_and_says_when_a_failure_
     local = dry_run(
         srun_world, "checkpoint.non_persistent_ckpt_type=local", "checkpoint.non_persistent_save_interval=5"
     )
-    assert any(
-        "a launch of the same SRUNSH_RUN_ID on the same nodes" in line for line in local.stdout.split("\n")
-    )
+    assert any("a launch of the same SRUNSH_RUN_ID on the same nodes" in line for line in local.stdout.split("\n"))
 
 
 @pytest.mark.parametrize(

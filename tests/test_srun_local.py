@@ -192,6 +192,24 @@ def test_failing_local_rank_stops_the_others_and_srun_sh_exits_with_its_status(s
     assert "ChildFailedError" in (run_dir / "logs" / "launcher.log").read_text()
 
 
+@pytest.mark.parametrize("ignores_term", ["0", "1"], ids=["dies-of-sigterm", "ignores-sigterm"])
+def test_a_process_a_rank_leaves_running_is_stopped_and_the_launch_ends(srun_world: SrunWorld, ignores_term: str):
+    """Issue 67's hang: a process that outlived its rank (an asynchronous checkpoint writer) held the rank's output
+    pipe, so its log writers, its rank.sh and the launch waited for ever. Rank 1 leaves one; rank 0 is healthy."""
+    env = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_LEAVE_CHILD": "1", "FAKE_LEFT_IGNORES_TERM": ignores_term}
+    result = srun_world.srun_sh("--local", "recipe.py", env={**env, "FAKE_SLEEP": "2"}, timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    records = srun_world.records()
+    assert wait_gone([records[1]["left_pid"]], timeout=1)
+    assert srun_world.signals_seen() == {}
+    (run_dir,) = srun_world.run_dirs()
+    said = f"srun.sh: rank 1 ended and left 1 process(es) running, stopped now: [{records[1]['left_pid']}] "
+    assert said in (run_dir / "logs" / "rank-1.log").read_text()
+    assert "left" not in (run_dir / "logs" / "rank-0.log").read_text()
+    assert "rank 1 started" in (run_dir / "logs" / "rank-1.log").read_text()
+
+
 def test_python_that_cannot_run_torchrun_is_reported_with_the_end_of_the_launcher_log(srun_world: SrunWorld):
     no_torch = srun_world.dir / "python-without-torch"
     no_torch.write_text('#!/bin/sh\necho "No module named torch ($*)" >&2\nexit 1\n')

@@ -213,6 +213,25 @@ def test_rank_failing_on_node2_stops_both_nodes_and_srun_sh_exits_with_its_statu
     assert slurm_world.signals_seen() == {0: ["SIGTERM"], 1: ["SIGTERM"], 2: ["SIGTERM"]}
 
 
+def test_a_failed_rank_that_left_a_process_running_on_node2_still_ends_the_launch(slurm_world: SrunWorld):
+    """A process that outlived its rank held the rank's output: srun never saw the task end, and every other rank
+    waited for ever. Rank 3 leaves one that ignores SIGTERM (as a writer blocked in a kernel call does) and fails."""
+    env = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_FAIL_RANK": "3", "FAKE_FAIL_EXIT": "3", "FAKE_SLEEP": "300"}
+    env |= {"FAKE_LEAVE_CHILD": "3", "FAKE_LEFT_IGNORES_TERM": "1"}
+    started = time.monotonic()
+    result, _ = slurm_world.in_allocation("--no-container", "recipe.py", env=env)
+
+    assert time.monotonic() - started < 60
+    assert result.returncode == 3, result.stderr
+    records = slurm_world.records()
+    assert pid_gone_eventually(records[3]["left_pid"])
+    assert all(pid_gone_eventually(r["pid"]) for r in records.values())
+    assert (
+        "srun.sh: rank 3 ended and left 1 process(es) running"
+        in (slurm_world.run_dirs()[0] / "logs" / "rank-3.log").read_text()
+    )
+
+
 def pid_gone_eventually(pid: int) -> bool:
     return wait_gone([pid], timeout=10)
 

@@ -103,6 +103,34 @@ label_and_log() {
   sed -u '' | tee -a "$1" | sed -u "s/^/$RANK: /"
 }
 
+# Into the caller's PIDS (pid -> command line): the other processes that hold a write end of pipe $1 or $2 (pipe:[N]).
+find_holders() {
+  local holder pid flags
+  pids=()
+  while IFS= read -r holder; do
+    pid=${holder#/proc/} && pid=${pid%%/*}
+    { read -r _ && read -r _ flags; } 2>/dev/null <"/proc/$pid/fdinfo/${holder##*/}" || continue # gone meanwhile
+    [[ $pid != "$$" && $flags == *[12] ]] || continue                                              # a write end
+    pids[$pid]=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || true
+  done < <(find /proc/[0-9]*/fd -maxdepth 1 \( -lname "pipe:?${1//[^0-9]/}?" -o -lname "pipe:?${2//[^0-9]/}?" \) 2>/dev/null)
+}
+
+# What the rank started and left running when it ended (an asynchronous checkpoint writer, a multiprocessing manager
+# it forked) holds its output pipes: the log writers would wait for it for ever, and it keeps GPU memory. It gets $1
+# seconds to end by itself, then SIGTERM, and SIGKILL 5 s later; the rank's log names it.
+stop_leftovers() {
+  local -A pids=()
+  local deadline=$((SECONDS + $1)) said="" pid
+  while find_holders "$2" "$3" && ((${#pids[@]} && SECONDS < deadline)); do sleep 1; done
+  ((${#pids[@]})) || return 0
+  for pid in "${!pids[@]}"; do said+=" [$pid] ${pids[$pid]:0:200};"; done
+  printf 'srun.sh: rank %s ended and left %s process(es) running, stopped now:%s\n' "$RANK" "${#pids[@]}" "$said" \
+    >>"$RANK_LOG"
+  kill -TERM "${!pids[@]}" 2>/dev/null || return 0
+  for _ in {1..50}; do sleep 0.1 && kill -0 "${!pids[@]}" 2>/dev/null || return 0; done
+  kill -KILL "${!pids[@]}" 2>/dev/null || true
+}
+
 main() {
   # Started by srun.sh: it set RUN_DIR, and either torchrun set RANK (--local) or the task is a step of SLURM's.
   [[ -n ${RUN_DIR:-} && (-n ${RANK:-} || -n ${SLURM_STEP_ID:-}) ]] ||
@@ -127,14 +155,18 @@ main() {
   local -a log_pids=()
   exec {out}> >(label_and_log "$RANK_LOG")
   log_pids+=("$!")
-  exec {err}> >(label_and_log "$RANK_LOG" >&2)
+  exec {err}> >(exec {out}>&- && label_and_log "$RANK_LOG" >&2) # only the rank's processes hold the write ends
   log_pids+=("$!")
   # The rank is this shell's only child, in the foreground: a signal reaches it directly (srun and torchrun signal
   # every process of the rank), and this shell outlives it to record how the rank ended, quietly (srun.sh reports).
   trap : INT TERM
   { "$@" 1>&"$out" 2>&"$err"; } 2>/dev/null || status=$?
   record_rank_status "$status"
+  local -a pipes=("$(readlink "/proc/$$/fd/$out")" "$(readlink "/proc/$$/fd/$err")")
   exec {out}>&- {err}>&-
+  # Under in-process restart NVRx's monitor outlives a dead rank by design, until the restart has counted the rank
+  # out (its barrier: 120 s by default): what is left gets 300 s there, else 5 s.
+  stop_leftovers "$((${SRUNSH_INPROCESS:-0} == 1 ? 300 : 5))" "${pipes[@]}"
   wait "${log_pids[@]}"
   exit "$status"
 }
