@@ -303,3 +303,15 @@ def test_each_arms_launch_passes_srun_shs_dry_run(arm: str, tmp_path: Path):
     done = subprocess.run(dry_run, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert " ".join(bench_goodput.overrides(arm, 25)) in done.stdout
+
+
+def test_the_bench_recipe_on_ddp_with_the_fused_mlp_gathers_parameters_without_overlap():
+    """megatron-core 0.19.2's fused MLP misses the DDP parameter-gather hooks Megatron Bridge adds after step 1
+    (Megatron-LM PR #6132): the bench's DDP run must not overlap the gather, on both of the configs that must agree."""
+    cfg = goodput_recipe.configure()
+    try:
+        assert cfg.model.use_transformer_engine_op_fuser and not cfg.ddp.use_megatron_fsdp
+        assert (cfg.ddp.overlap_param_gather, cfg.optimizer.overlap_param_gather) == (False, False)
+        assert cfg.checkpoint.ckpt_format == "torch_dist"
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
