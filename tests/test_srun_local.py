@@ -210,6 +210,20 @@ def test_a_process_a_rank_leaves_running_is_stopped_and_the_launch_ends(srun_wor
     assert "rank 1 started" in (run_dir / "logs" / "rank-1.log").read_text()
 
 
+def test_a_killed_rank_that_leaves_a_spawned_worker_and_a_forked_manager_still_ends_the_launch(srun_world: SrunWorld):
+    """What a SIGKILLed rank's persistent asynchronous checkpoint writer leaves, made by Python's own multiprocessing
+    (a spawned daemon worker, a forked manager, and whatever else multiprocessing starts for them)."""
+    env = {"SRUNSH_GPUS_PER_NODE": "2", "FAKE_DIE_LEAVING_MP": "0", "FAKE_SLEEP": "300"}
+    result = srun_world.srun_sh("--local", "recipe.py", env=env, timeout=60)
+
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    left = srun_world.records()[0]["left_pids"]
+    assert wait_gone(left, timeout=5), left
+    (run_dir,) = srun_world.run_dirs()
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "srun.sh: rank 0 ended and left" in log and all(f"[{pid}]" in log for pid in left), log
+
+
 def test_python_that_cannot_run_torchrun_is_reported_with_the_end_of_the_launcher_log(srun_world: SrunWorld):
     no_torch = srun_world.dir / "python-without-torch"
     no_torch.write_text('#!/bin/sh\necho "No module named torch ($*)" >&2\nexit 1\n')
