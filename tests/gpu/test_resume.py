@@ -141,6 +141,22 @@ def sigterm_to_srun_sh_after(iteration: int) -> Callable[[str, subprocess.Popen]
     return stop
 
 
+def signal_to_rank_0_after(
+    iteration: int, sig: signal.Signals, run_dir: Path
+) -> Callable[[str, subprocess.Popen], bool]:
+    """SIG straight to rank 0's own process (the pid it registered in RUN_DIR/hang/rank-0.json) once `iteration` is
+    logged."""
+
+    def stop(line: str, _process: subprocess.Popen) -> bool:
+        logged = megatron_log.ITERATION.search(line)
+        if not (logged and int(logged.group(1)) >= iteration):
+            return False
+        os.kill(json.loads((run_dir / "hang" / "rank-0.json").read_text())["pid"], sig)
+        return True
+
+    return stop
+
+
 def stop_evidence(stopped: Launch) -> dict[str, object]:
     """What the stopped run left: the checkpoints, how the rank ended, and the rank's own lines after the signal."""
     return {
@@ -190,15 +206,7 @@ def test_sigterm_straight_to_the_rank_saves_and_exits(record, tmp_path: Path):
     (SIGUSR2, stacks and flight recorder) nor torchrun's SIGTERM to the rank's process group and its SIGKILL 30 s
     later come first. The rank then ends on its own and srun.sh exits 0. If this saves and the test above does not,
     srun.sh's stop path is what keeps the rank from saving."""
-    run_dir = tmp_path / "outputs" / "tiny_gpt_pretrain" / "direct"
-
-    def stop(line: str, _process: subprocess.Popen) -> bool:
-        logged = megatron_log.ITERATION.search(line)
-        if not (logged and int(logged.group(1)) >= STOP_AFTER):
-            return False
-        os.kill(json.loads((run_dir / "hang" / "rank-0.json").read_text())["pid"], signal.SIGTERM)
-        return True
-
+    stop = signal_to_rank_0_after(STOP_AFTER, signal.SIGTERM, tmp_path / "outputs" / "tiny_gpt_pretrain" / "direct")
     stopped = launch(tmp_path, "use_megatron_fsdp=false", "direct", stop=stop)
     losses = megatron_log.parse(stopped.log).losses
     evidence = stop_evidence(stopped)
@@ -219,15 +227,9 @@ def test_a_rank_killed_after_a_local_checkpoint_is_relaunched_from_it_not_from_s
         f"checkpoint.save_interval={ITERS * 10}",
     )
     knobs = {"SRUNSH_LOCAL_CKPT_DIR": str(tmp_path / "node-disk")}
-    run_dir = tmp_path / "outputs" / "tiny_gpt_pretrain" / "killed"
-
-    def kill_rank_0(line: str, _process: subprocess.Popen) -> bool:
-        logged = megatron_log.ITERATION.search(line)
-        if not (logged and int(logged.group(1)) >= STOP_AFTER):
-            return False
-        os.kill(json.loads((run_dir / "hang" / "rank-0.json").read_text())["pid"], signal.SIGKILL)
-        return True
-
+    kill_rank_0 = signal_to_rank_0_after(
+        STOP_AFTER, signal.SIGKILL, tmp_path / "outputs" / "tiny_gpt_pretrain" / "killed"
+    )
     killed = launch(tmp_path, "use_megatron_fsdp=false", "killed", stop=kill_rank_0, more=more, knobs=knobs)
     relaunched = launch(tmp_path, "use_megatron_fsdp=false", "killed", more=more, knobs=knobs)
     killed_losses = megatron_log.parse(killed.log).losses
