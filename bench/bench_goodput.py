@@ -30,15 +30,16 @@ COMPLETED = ("training", "saving")  # progress.json's phases of a record after a
 Record = tuple[float, int, str]  # a line of RUN_DIR/hang/timeline.log: epoch seconds, step, phase
 RECORD = re.compile(r"^(\d+(?:\.\d+)?) (\d+) (training|saving|saved|restarting|ended)$", re.MULTILINE)
 RAISED = re.compile(r"goodput_recipe: bench fault at ([0-9.]+)")
-# Arm A's saving, with its save_interval; the newest checkpoint only, as the disk holds two of them (bench/README.md).
-TODAY = ("checkpoint.async_save=false", "checkpoint.non_persistent_ckpt_type=null", "checkpoint.most_recent_k=1")
+# Arm A's saving, with its save_interval. Both arms keep the newest persistent checkpoint only: the disk holds two.
+TODAY = ("checkpoint.async_save=false", "checkpoint.non_persistent_ckpt_type=null")
+KEEP = "checkpoint.most_recent_k=1"
 
 
 def overrides(arm: str, save_every: int) -> tuple[str, ...]:
     shape = [o for o in bench_startup.case_command("llama8b-shape", 1, None)[1] if o != bench_startup.STEPS]
     # More steps than an arm reaches before the bench stops it (1.2 s a step on an H200), and not so many that the
     # mock data's index takes long to build.
-    ours = ("train.train_iters=5000", "inprocess_restart.enabled=true", "inprocess_restart.granularity=rank")
+    ours = ("train.train_iters=5000", "inprocess_restart.enabled=true", "inprocess_restart.granularity=rank", KEEP)
     return (*shape, *ours, *((f"checkpoint.save_interval={save_every}", *TODAY) if arm == "A" else ()))
 
 
@@ -219,8 +220,8 @@ def markdown(result: dict) -> str:
 
 def run_arm(arm: str, directory: Path, args: argparse.Namespace, limit_s: float, mtbf_s: float) -> dict:
     """One arm; then its checkpoints go (the device has a 64 GiB disk, this model's checkpoint about 27 GB)."""
-    env, local = {"SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_RUN_ID": f"goodput-{arm}"}, directory / "local-checkpoints"
-    local.mkdir(parents=True)
+    env, local = {"SRUNSH_GPUS_PER_NODE": "1", "SRUNSH_RUN_ID": f"goodput-{arm}"}, args.local_dir / directory.name
+    local.mkdir(parents=True, exist_ok=True)
     free_gb = round(shutil.disk_usage(local).free / 1e9, 1)
     if arm == "B":
         env |= {"SRUNSH_LOCAL_CKPT_DIR": str(local), "SRUNSH_MTBF_S": f"{mtbf_s:.0f}"}
@@ -243,10 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=67, help="of the faults' moments (default: 67)")
     parser.add_argument("--save-every", type=report.positive, default=25, help="arm A's save interval (default: 25)")
     parser.add_argument("--order", choices=("BA", "AB", "A", "B"), default="BA", help="the arms (default: BA)")
+    parser.add_argument("--local-dir", type=Path, help="arm B's local checkpoints' node disk (default: under --out)")
     parser.add_argument("--budget-s", type=report.positive, default=570, help="the bench ends by then (default: 570)")
     args = parser.parse_args(argv)
     launches.stop_on_sigterm()
     deadline, out, rng = time.monotonic() + args.budget_s, args.out.resolve(), random.Random(args.seed)
+    args.local_dir = (args.local_dir or out / "local-checkpoints").resolve()
     args.fractions = sorted(round(rng.random(), 3) for _ in range(args.faults))
     mtbf_s = (args.arm_s - START_S) / args.faults  # the seconds of training a fault, as an arm is planned
     commands = {arm: launches.ours(RECIPE, *overrides(arm, args.save_every)) for arm in args.order}
