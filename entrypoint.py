@@ -126,8 +126,7 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     recipe = load_recipe(args.recipe)
     parsed = grammar.parse(args.assignments)
     cfg, applied = overrides.configured(recipe, parsed, outputs.run_dir(args.recipe))
-    if defaults.keeps_work():  # a batch job or in-process restart: save without being asked
-        defaults.apply(cfg, set(applied))
+    defaults.apply(cfg, set(applied))  # local checkpoints, where on, on the node's SRUNSH_LOCAL_CKPT_DIR
     checks.check_config(cfg, world_size(args))
     return cfg, applied
 
@@ -145,7 +144,7 @@ def train(cfg: ConfigContainer, recipe: Path, applied: dict[str, object], argv: 
     run_env.set_cuda_device_max_connections(cfg)
     run_env.disable_missing_gradient_accumulation_fusion(cfg)
     rank, run_dir = int(os.environ.get("RANK", "0")), outputs.run_dir(recipe)
-    to_choose = defaults.to_choose(cfg, set(applied)) if defaults.keeps_work() else set()
+    to_choose = defaults.to_choose(cfg, set(applied))
     if rank == 0:
         outputs.save_run_record(cfg, run_dir)
         for key, value in applied.items():

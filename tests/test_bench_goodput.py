@@ -283,6 +283,7 @@ def test_the_arms_differ_by_arm_as_saving_today_and_share_bench_startups_shape()
     shape = [o for o in bench_startup.case_command("llama8b-shape", 1, None)[1] if o != bench_startup.STEPS]
     assert set(shape) <= set(b) and "model.num_layers=4" in b and "train.global_batch_size=16" in b
     assert set(a) - set(b) == {"checkpoint.save_interval=25", *bench_goodput.TODAY}
+    assert set(b) - set(a) == set(bench_goodput.PROPOSED)
     assert "inprocess_restart.enabled=true" in b and "inprocess_restart.granularity=rank" in b
     for arm in (a, b):
         keys = [o.split("=", 1)[0] for o in arm]

@@ -64,6 +64,15 @@ def test_a_launch_that_keeps_work_keeps_the_recipes_interval_and_puts_local_chec
     assert "every 500 step(s); local checkpoints on each node's" in line and line.endswith("measured cost is worth")
 
 
+def test_an_interactive_launchs_local_checkpoints_go_to_the_nodes_disk_too(keeping_work, monkeypatch):
+    """What a launch of the same SRUNSH_RUN_ID on the same nodes reads back (tests/gpu/test_resume.py)."""
+    monkeypatch.setenv("SRUNSH_KEEP_WORK", "0")
+    cfg, applied = resolve("checkpoint.non_persistent_ckpt_type=local", "checkpoint.non_persistent_save_interval=3")
+    mine = f"srunsh-local-ckpt-uid{os.getuid()}"
+    assert cfg.checkpoint.non_persistent_local_ckpt_dir == str(keeping_work / "nvme" / mine / "4242-20261207-101500")
+    assert defaults.to_choose(cfg, set(applied)) == set()  # only a launch that keeps work chooses intervals
+
+
 def test_an_interval_the_recipe_leaves_open_is_chosen_while_training(keeping_work):
     cfg, applied = resolve("checkpoint.save_interval=null", "checkpoint.non_persistent_ckpt_type=local")
     assert defaults.to_choose(cfg, set(applied)) == {"non_persistent_save_interval"}  # the command line's null wins
@@ -188,6 +197,18 @@ def test_dry_run_of_an_inprocess_restart_launch_says_what_it_saves_and_hands_the
     assert env["SRUNSH_MTBF_S"] == f"{ONE_NODE_MTBF_S:.0f}"
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("# saves persistent checkpoints")]
     assert f"local ones on each node's {nvme}" in line and "a fault every" in line
+    assert srun_world.calls() == []
+
+
+def test_a_batch_jobs_dry_run_says_what_the_job_saves_by_default(srun_world: SrunWorld):
+    nvme, sbatch = srun_world.dir / "nvme", ("--sbatch", "-N", "2", "-t", "1:00:00", "--", "--dry-run")
+    for mtbf, faults in (("", "Llama 3's fault rate over the job's nodes"), ("3600", "a fault every 3600 s")):
+        env = {"SRUNSH_LOCAL_CKPT_DIR": str(nvme), "SRUNSH_MTBF_S": mtbf}
+        result = srun_world.srun_sh(*sbatch, "--no-container", "recipe.py", env=env)
+        assert result.returncode == 0, result.stderr
+        (line,) = [line for line in result.stdout.splitlines() if line.startswith("# the job saves persistent ")]
+        assert f"worth against {faults} (SRUNSH_MTBF_S); checkpoint.non_persistent_ckpt_type=local adds" in line
+        assert f"local ones on each node's {nvme}" in line
     assert srun_world.calls() == []
 
 

@@ -162,3 +162,21 @@ def test_dry_run_does_not_mount_a_compile_cache_the_user_mounts_already(srun_wor
 
     assert result.returncode == 0, result.stderr
     assert b"--container-mounts=" + mounts.encode() in bash_words(lines_starting(result.stdout, "srun ")[0])
+
+
+def test_dry_run_mounts_the_local_checkpoint_directory_where_the_command_line_turns_local_checkpoints_on(
+    srun_world: SrunWorld,
+):
+    """An interactive launch's local checkpoints are read back by a launch of the same run id on the same nodes: they
+    must be on the node's disk, not in the container's own /var/tmp, which goes with the container."""
+    (srun_world.dir / "img.sqsh").write_bytes(SQUASHFS_MAGIC)
+    nvme = srun_world.dir / "nvme"
+    mounts = f"{REPO}:/workspace/megatron,{srun_world.dir}:/work"
+    env = {"SRUNSH_SQSH": "img.sqsh", "SRUNSH_MOUNT": mounts, "SRUNSH_GPUS_PER_NODE": "1"}
+    env["SRUNSH_LOCAL_CKPT_DIR"] = str(nvme)
+    for overrides, mounted in (((), False), (("checkpoint.non_persistent_ckpt_type=local",), True)):
+        result = srun_world.srun_sh("--dry-run", "recipe.py", *overrides, env=env)
+        assert result.returncode == 0, result.stderr
+        words = bash_words(lines_starting(result.stdout, "srun ")[0])
+        (mounts,) = [word for word in words if word.startswith(b"--container-mounts=")]
+        assert (f"{nvme}:{nvme}".encode() in mounts.split(b"=", 1)[1].split(b",")) is mounted, mounts

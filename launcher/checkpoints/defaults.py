@@ -12,10 +12,6 @@ LOCAL = "torch_dist"  # the format whose sharded state nvidia-resiliency-ext's l
 KEY = "checkpoint."
 
 
-def keeps_work() -> bool:
-    return from_srun_sh("SRUNSH_KEEP_WORK") == "1"
-
-
 def apply(cfg: ConfigContainer, given: set[str]) -> None:
     """Local checkpoints, where on, in this run's folder of SRUNSH_LOCAL_CKPT_DIR unless GIVEN names another."""
     ckpt, root = cfg.checkpoint, from_srun_sh("SRUNSH_LOCAL_CKPT_DIR")  # srun.sh checked the node's directory
@@ -27,13 +23,11 @@ def apply(cfg: ConfigContainer, given: set[str]) -> None:
 
 def to_choose(cfg: ConfigContainer, given: set[str]) -> set[str]:
     """The intervals neither the command line nor the recipe set, which training chooses (intervals.py)."""
-    ckpt, chosen = cfg.checkpoint, set()
-    if f"{KEY}save_interval" not in given and not ckpt.save_interval:
-        chosen.add("save_interval")
-    local_open = f"{KEY}non_persistent_save_interval" not in given and not ckpt.non_persistent_save_interval
-    if ckpt.non_persistent_ckpt_type == "local" and local_open:
-        chosen.add("non_persistent_save_interval")
-    return chosen
+    ckpt, keeps = cfg.checkpoint, from_srun_sh("SRUNSH_KEEP_WORK") == "1"
+    persistent = keeps and f"{KEY}save_interval" not in given and not ckpt.save_interval
+    local = keeps and ckpt.non_persistent_ckpt_type == "local" and not ckpt.non_persistent_save_interval
+    local = local and f"{KEY}non_persistent_save_interval" not in given
+    return {kind for kind, open_ in (("save_interval", persistent), ("non_persistent_save_interval", local)) if open_}
 
 
 def check(cfg: ConfigContainer) -> None:
@@ -60,25 +54,21 @@ def check(cfg: ConfigContainer) -> None:
         )
 
 
-def how_often(interval: int | None, chosen: bool) -> str:
-    return "as often as its measured cost is worth" if chosen else f"every {interval} step(s)"
-
-
 def describe(cfg: ConfigContainer, to_choose: set[str]) -> str:
     """One line: what this run saves, where and how often; or that a failure loses every step."""
     ckpt, parts = cfg.checkpoint, []
+    often = {kind: f"every {getattr(ckpt, kind)} step(s)" for kind in ("save_interval", "non_persistent_save_interval")}
+    often |= dict.fromkeys(to_choose, "as often as its measured cost is worth")
     if ckpt.save and (ckpt.save_interval or "save_interval" in to_choose):
         how = "asynchronously" if ckpt.async_save else "synchronously (every rank waits for the write)"
-        often = how_often(ckpt.save_interval, "save_interval" in to_choose)
-        parts.append(f"persistent checkpoints {how} to {ckpt.save} {often}")
+        parts.append(f"persistent checkpoints {how} to {ckpt.save} {often['save_interval']}")
     local = "non_persistent_save_interval" in to_choose or ckpt.non_persistent_save_interval
     if ckpt.save and ckpt.non_persistent_ckpt_type == "local" and local:
-        often = how_often(ckpt.non_persistent_save_interval, "non_persistent_save_interval" in to_choose)
-        parts.append(f"local checkpoints on each node's {ckpt.non_persistent_local_ckpt_dir} {often}")
+        where = ckpt.non_persistent_local_ckpt_dir
+        parts.append(f"local checkpoints on each node's {where} {often['non_persistent_save_interval']}")
     if not parts:
         return (
-            "saves no checkpoint (checkpoint.save_interval is 0): a failure loses every step; set"
-            " checkpoint.save_interval=N, or launch with inprocess_restart.enabled=true or --sbatch, which save"
-            " by default"
+            "saves no checkpoint (checkpoint.save_interval is 0): a failure loses every step; set checkpoint."
+            "save_interval=N, or launch with inprocess_restart.enabled=true or --sbatch, which save by default"
         )
     return "saves " + "; ".join(parts)

@@ -19,10 +19,11 @@ def line(plan: LaunchPlan) -> str:
     given = section(split(plan.overrides), "checkpoint")
     if plan.keep_work:
         local = f" on each node's {plan.local_ckpt_dir}" if plan.local_ckpt_dir else ""
+        faults = f"a fault every {plan.mtbf_s} s" if plan.mtbf_s else "Llama 3's fault rate over the job's nodes"
         return (
             "saves persistent checkpoints at the recipe's interval, else as often as a save's measured cost is worth"
-            f" against a fault every {plan.mtbf_s} s (SRUNSH_MTBF_S); checkpoint.non_persistent_ckpt_type=local adds"
-            f" local ones{local}, and checkpoint.async_save=true writes them in the background"
+            f" against {faults} (SRUNSH_MTBF_S); checkpoint.non_persistent_ckpt_type=local adds local ones{local},"
+            " and checkpoint.async_save=true writes them in the background"
         )
     if given.get("save_interval") in ("0", "null", "None"):
         return "saves no checkpoint (checkpoint.save_interval=0 on the command line): a failure loses every step"

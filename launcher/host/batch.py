@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 
 from launcher import run_files
+from launcher.checkpoints import plan as saves
 from launcher.errors import UsageError, say
 from launcher.host import command
 from launcher.host.plan import LaunchPlan
@@ -46,9 +47,10 @@ def submit(words: list[str], knobs: Knobs) -> int:
     script = f"{head}exec {command.one_line([str(REPO / 'srun.sh'), '--batch-job', *kept])}\n"
     if plan.dry_run:
         out = sys.stdout.buffer
-        out.write(b"# srun.sh --sbatch --dry-run: nothing was submitted. The submission, with the job script on its")
-        out.write(b" stdin:\n")
+        out.write(b"# srun.sh --sbatch --dry-run: nothing was submitted. The submission, the job script on stdin:\n")
         command.say_environment_knobs(plan, "# ", out)
+        plan.keep_work = True  # as the job's own srun.sh --batch-job plans it
+        out.write(os.fsencode(f"# the job {saves.line(plan)}\n"))
         out.write(os.fsencode(command.one_line(sbatch) + "\n" + script))
         return 0
     if shutil.which("sbatch") is None:

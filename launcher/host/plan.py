@@ -68,7 +68,8 @@ class LaunchPlan:
     def pyxis_mounts(self) -> str:
         """pyxis's --container-mounts: SRUNSH_MOUNT's, and the node directories at their own paths."""
         mounts = [mount for mount in self.container_mounts.split(",") if mount]
-        for directory in (self.compile_cache, self.local_ckpt_dir if self.keep_work else ""):
+        local = self.keep_work or "checkpoint.non_persistent_ckpt_type=local" in self.overrides  # read back later
+        for directory in (self.compile_cache, self.local_ckpt_dir if local else ""):
             if directory and f"{directory}:{directory}" not in mounts:
                 mounts.append(f"{directory}:{directory}")
         return ",".join(mounts)
