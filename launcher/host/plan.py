@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from launcher.assignments import section, split
 from launcher.run_files import write_private
 
 
@@ -68,7 +69,8 @@ class LaunchPlan:
     def pyxis_mounts(self) -> str:
         """pyxis's --container-mounts: SRUNSH_MOUNT's, and the node directories at their own paths."""
         mounts = [mount for mount in self.container_mounts.split(",") if mount]
-        local = self.keep_work or "checkpoint.non_persistent_ckpt_type=local" in self.overrides  # read back later
+        given = section(split(self.overrides), "checkpoint")  # a launch's local checkpoints are read back later
+        local = self.keep_work or given.get("non_persistent_ckpt_type") == "local"
         for directory in (self.compile_cache, self.local_ckpt_dir if local else ""):
             if directory and f"{directory}:{directory}" not in mounts:
                 mounts.append(f"{directory}:{directory}")
