@@ -20,6 +20,7 @@ import entrypoint
 from launcher.checkpoints import defaults, intervals
 from launcher.checkpoints.plan import ONE_NODE_MTBF_S
 from launcher.errors import UsageError
+from launcher.host.plan import LaunchPlan
 from tests.conftest import REPO
 from tests.srun_world import SrunWorld
 
@@ -71,6 +72,22 @@ def test_an_interactive_launchs_local_checkpoints_go_to_the_nodes_disk_too(keepi
     mine = f"srunsh-local-ckpt-uid{os.getuid()}"
     assert cfg.checkpoint.non_persistent_local_ckpt_dir == str(keeping_work / "nvme" / mine / "4242-20261207-101500")
     assert defaults.to_choose(cfg, set(applied)) == set()  # only a launch that keeps work chooses intervals
+
+
+LOCAL_TYPES = st.sampled_from(["local", "null"]).map(lambda value: f"checkpoint.non_persistent_ckpt_type={value}")
+OTHERS = st.sampled_from(["train.train_iters=7", "checkpoint.save_interval=9", "checkpoint.async_save=false"])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(LOCAL_TYPES, OTHERS), max_size=4, unique_by=lambda text: text.split("=")[0]))
+def test_the_container_mounts_the_local_directory_exactly_when_the_ranks_config_keeps_local_checkpoints(
+    keeping_work, monkeypatch, command_line
+):
+    """The launching host's reading of the overrides (pyxis_mounts) against the rank's own (the real config)."""
+    monkeypatch.setenv("SRUNSH_KEEP_WORK", "0")
+    cfg, _ = resolve(*command_line)
+    plan = LaunchPlan(local_ckpt_dir="/nvme", overrides=command_line)
+    assert ("/nvme:/nvme" in plan.pyxis_mounts.split(",")) is (cfg.checkpoint.non_persistent_ckpt_type == "local")
 
 
 def test_an_interval_the_recipe_leaves_open_is_chosen_while_training(keeping_work):
