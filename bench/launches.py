@@ -118,22 +118,7 @@ class Launch:
         return line[1]
 
     def stop(self) -> None:
-        """SIGTERM to the launcher's process group: srun.sh and torchrun pass it on to their ranks, which run in
-        sessions of their own (a SIGKILL would leave them on the GPUs). Then wait a minute for the launcher, SIGKILL its
-        group, and SIGKILL every process of its tree at the SIGTERM that is still there, such as a data loader worker
-        that a failed rank left behind."""
-        tree = process_tree(self.process.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        for process in tree:  # psutil checks that the pid is still that process
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
+        stop(self.process)
 
     def close(self) -> None:
         (self.directory / "console.log").write_text("".join(f"{at:9.2f}  {text}" for at, text in self.lines))
@@ -184,6 +169,25 @@ def run(
         launch.close()
     wall_s = round(time.monotonic() - launch.started, 1)
     return Finished(returncode, wall_s, launch.lines, launch.reap_left_behind())
+
+
+def stop(launcher: subprocess.Popen) -> None:
+    """SIGTERM to the launcher's process group: srun.sh and torchrun pass it on to their ranks, which run in sessions
+    of their own (a SIGKILL would leave them on the GPUs). Then wait a minute for the launcher, SIGKILL its group, and
+    SIGKILL every process of its tree at the SIGTERM that is still there, such as a data loader worker that a failed
+    rank left behind, or torchrun itself when srun.sh did not end."""
+    tree = process_tree(launcher.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(launcher.pid, signal.SIGTERM)
+    try:
+        launcher.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    for process in tree:  # psutil checks that the pid is still that process
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 def process_tree(root: int) -> list[psutil.Process]:

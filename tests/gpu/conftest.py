@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import launches
 from tests.gpu import megatron_log
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +64,8 @@ def run_with_time_limit(
 ) -> Finished:
     """Run `command` in a session of its own, its stdout and stderr read line by line by a thread (each line also to
     on_line(line, process)). The limit counts from the start, whatever the output does: a launch still running after
-    timeout_s has its whole process group (srun.sh, torchrun, the ranks) killed, and the test fails with its tail."""
+    timeout_s is stopped, all its process tree (srun.sh, torchrun in a group of its own, the ranks), and the test fails
+    with its tail."""
     lines: list[str] = []
     start = time.monotonic()
     with subprocess.Popen(
@@ -81,11 +83,9 @@ def run_with_time_limit(
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            kill_group(process)
+            launches.stop(process)  # as a user's Ctrl-C (srun.sh's hang report), then nothing of its tree is left
             reader.join(timeout=10)
-            pytest.fail(
-                f"{command[0]} still ran after {timeout_s} s: its process group was killed\n{''.join(lines[-40:])}"
-            )
+            pytest.fail(f"{command[0]} still ran after {timeout_s} s: it was stopped\n{''.join(lines[-60:])}")
         ended = time.monotonic()
         reader.join(timeout=30)  # the output ends with the launch, unless something it started still holds it
         kill_group(process)
