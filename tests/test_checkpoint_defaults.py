@@ -132,6 +132,26 @@ def test_local_checkpoints_of_a_format_that_holds_no_sharded_state_or_without_a_
         resolve("checkpoint.non_persistent_ckpt_type=local")
 
 
+def test_an_asynchronous_save_turned_on_by_the_command_line_gets_the_strategy_the_config_class_gives_it(keeping_work):
+    """Megatron Bridge 0.6.2's CheckpointConfig sets async_strategy=mcore when it is built with async_save off, as the
+    recipes build it; an override turning async_save on later kept mcore, whose writer drops the local checkpoints'
+    requests (nvidia-resiliency-ext's AsyncRequest is not Megatron Core's): they never completed, and the run's end
+    waited on them for ever (bench/results/goodput.md, docs/failures.md)."""
+    cfg, _ = resolve()
+    assert (cfg.checkpoint.async_save, cfg.checkpoint.async_strategy) == (False, "mcore")  # the recipe's, untouched
+    assert CheckpointConfig(async_save=True).async_strategy == "nvrx"
+    cfg, _ = resolve("checkpoint.async_save=true", "checkpoint.non_persistent_ckpt_type=local")
+    assert (cfg.checkpoint.async_save, cfg.checkpoint.async_strategy) == (True, "nvrx")
+
+
+def test_local_checkpoints_written_by_the_strategy_that_drops_them_are_refused_in_one_line(keeping_work):
+    local = ("checkpoint.async_save=true", "checkpoint.non_persistent_ckpt_type=local")
+    with pytest.raises(UsageError, match=r"^checkpoint\.async_strategy=mcore never writes local checkpoints .*: drop"):
+        resolve(*local, "checkpoint.async_strategy=mcore")
+    cfg, _ = resolve(local[0], "checkpoint.async_strategy=mcore")  # persistent ones only: the user's choice
+    assert cfg.checkpoint.async_strategy == "mcore"
+
+
 def test_an_asynchronous_save_of_a_format_that_cannot_is_refused_in_one_line(keeping_work):
     with pytest.raises(UsageError, match=r"async_save=true cannot save checkpoint\.ckpt_format=torch: .* set "):
         resolve("checkpoint.ckpt_format=torch", "checkpoint.async_save=true")

@@ -13,8 +13,10 @@ KEY = "checkpoint."
 
 
 def apply(cfg: ConfigContainer, given: set[str]) -> None:
-    """Local checkpoints, where on, in this run's folder of SRUNSH_LOCAL_CKPT_DIR unless GIVEN names another."""
+    """async_save=true's strategy, as its config class sets it; local checkpoints on SRUNSH_LOCAL_CKPT_DIR (docs)."""
     ckpt, root = cfg.checkpoint, from_srun_sh("SRUNSH_LOCAL_CKPT_DIR")  # srun.sh checked the node's directory
+    if ckpt.async_save and ckpt.async_strategy == "mcore" and f"{KEY}async_strategy" not in given:
+        ckpt.async_strategy = "nvrx"  # as CheckpointConfig(async_save=True) has it: mcore drops local saves
     local = root not in (None, "", "off") and ckpt.non_persistent_ckpt_type == "local"
     if local and f"{KEY}non_persistent_local_ckpt_dir" not in given:
         run = Path(root) / f"srunsh-local-ckpt-uid{os.getuid()}" / os.environ.get("RUN_ID", "run")
@@ -36,16 +38,19 @@ def check(cfg: ConfigContainer) -> None:
     if ckpt.async_save and ckpt.ckpt_format not in ASYNC_FORMATS:
         raise UsageError(
             f"checkpoint.async_save=true cannot save checkpoint.ckpt_format={ckpt.ckpt_format}: Megatron Bridge writes"
-            f" asynchronously only {' and '.join(ASYNC_FORMATS)}; set checkpoint.ckpt_format=torch_dist or drop"
-            " checkpoint.async_save"
+            f" asynchronously only {' and '.join(ASYNC_FORMATS)}: set ckpt_format=torch_dist, or drop async_save"
         )
     if ckpt.non_persistent_ckpt_type != "local":
         return
+    if ckpt.async_save and ckpt.async_strategy == "mcore":
+        raise UsageError(
+            "checkpoint.async_strategy=mcore never writes local checkpoints (Megatron Core's writer drops"
+            " nvidia-resiliency-ext's requests): drop checkpoint.async_strategy, or set it to nvrx"
+        )
     if ckpt.ckpt_format != LOCAL:
         raise UsageError(
-            f"checkpoint.non_persistent_ckpt_type=local holds Megatron Core's sharded state, which"
-            f" checkpoint.ckpt_format={ckpt.ckpt_format} is not: drop it, or use checkpoint.ckpt_format={LOCAL}"
-            " (Megatron FSDP: use_megatron_fsdp=false)"
+            f"checkpoint.non_persistent_ckpt_type=local holds Megatron Core's sharded state, which ckpt_format="
+            f"{ckpt.ckpt_format} is not: drop it, or use ckpt_format={LOCAL} (Megatron FSDP: use_megatron_fsdp=false)"
         )
     if not ckpt.non_persistent_local_ckpt_dir:
         raise UsageError(
