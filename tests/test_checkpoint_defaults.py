@@ -183,6 +183,8 @@ class Clock:
 def test_each_interval_is_daly_optimum_over_the_median_step_from_each_saves_measured_cost(
     monkeypatch, steps, local_s, persistent_s, mtbf
 ):
+    """A save holds the step after it (synchronous: its write; asynchronous: its copy to host memory, the write then
+    in the background, its on_checkpoint_save steps later, which the choice must not wait for)."""
     clock = Clock()
     monkeypatch.setattr(intervals.time, "monotonic", clock.monotonic)
     chooser = intervals.Intervals({"save_interval", "non_persistent_save_interval"}, mtbf)
@@ -190,21 +192,24 @@ def test_each_interval_is_daly_optimum_over_the_median_step_from_each_saves_meas
     context = SimpleNamespace(state=SimpleNamespace(cfg=SimpleNamespace(checkpoint=ckpt), train_state=None))
     chooser.on_train_start(context)
     saves: list[tuple[int, str]] = []
+    held, kind = 0.0, None
     for index, seconds in enumerate(steps):
-        clock.now += seconds
+        clock.now += seconds + held
         context.state.train_state = SimpleNamespace(step=index)
         chooser.on_step_end(context)
+        if kind == intervals.PERSISTENT:  # chosen now: a persistent save covers what local ones cannot, the rarer one
+            local = chooser.chosen[intervals.LOCAL]
+            assert chooser.chosen[kind] >= intervals.PERSISTENT_OVER_LOCAL * local
+        held = 0.0
         if (kind := chooser.saving) is not None:
             saves.append((index + 1, kind))
-            clock.now += local_s if kind == intervals.LOCAL else persistent_s
-            chooser.on_save(context)
-            if kind == intervals.PERSISTENT:  # a persistent save covers what local ones cannot: it is the rarer
-                local = chooser.chosen[intervals.LOCAL]
-                assert chooser.chosen[kind] >= intervals.PERSISTENT_OVER_LOCAL * local
+            held = local_s if kind == intervals.LOCAL else persistent_s
 
     assert saves[:2] == [(3, intervals.LOCAL), (4, intervals.PERSISTENT)]
-    local_steps = max(1, round(intervals.optimum_s(local_s, mtbf) / statistics.median(steps[1:3])))
-    assert chooser.chosen[intervals.LOCAL] >= 1
+    median = statistics.median(steps[1:3])  # the steps timed before the first save: 2 and 3
+    cost = max(steps[3] + local_s - median, 0.0)  # step 4, which the save after step 3 held
+    local_steps = max(1, round(intervals.optimum_s(cost, mtbf) / median))
+    assert chooser.chosen[intervals.LOCAL] >= 1 and intervals.PERSISTENT in chooser.chosen
     if len(saves) == 2:  # no save after the probes: the first choice stands
         assert chooser.chosen[intervals.LOCAL] == local_steps
     assert intervals.optimum_s(local_s, mtbf) >= local_s

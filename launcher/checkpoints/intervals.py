@@ -33,9 +33,13 @@ class Intervals:
         self.saving: str | None = None  # the kind of save that follows the last step
 
     def on_step_end(self, context: Any) -> None:
+        """A step that follows a save is timed as the save's cost: what it held training, whether the save wrote
+        synchronously or handed its write on (Megatron Bridge's on_checkpoint_save comes only once that is done)."""
         step, now = context.state.train_state.step + 1, time.monotonic()
         if self.step_end is not None and self.saving is None:
             self.steps.append(now - self.step_end)
+        elif self.step_end is not None and self.saving in self.to_choose and self.steps:
+            self.choose(self.saving, max(now - self.step_end - statistics.median(self.steps), 0.0))
         self.step_end, ckpt = now, context.state.cfg.checkpoint
         for kind in self.to_choose:
             setattr(ckpt, kind, self.chosen.get(kind) or self.probe(kind, step))
@@ -46,14 +50,7 @@ class Intervals:
         first = PROBE_STEP + (kind == PERSISTENT and LOCAL in self.to_choose)
         return step if step == first else None
 
-    def on_save(self, _context: Any) -> None:
-        kind, self.saving = self.saving, None
-        if kind is None or self.step_end is None:
-            return
-        now = time.monotonic()
-        save_s, self.step_end = now - self.step_end, now  # the next step is timed from here
-        if kind not in self.to_choose or not self.steps:
-            return
+    def choose(self, kind: str, save_s: float) -> None:
         steps = self.steps_for(optimum_s(save_s, self.mtbf_s), kind)
         if steps != self.chosen.get(kind) and os.environ.get("RANK", "0") == "0":
             what = "local" if kind == LOCAL else "persistent"
@@ -80,5 +77,4 @@ def register(callbacks: progress.Registry, to_choose: set[str]) -> None:
         return
     intervals = Intervals(to_choose, float(from_srun_sh("SRUNSH_MTBF_S") or ONE_NODE_MTBF_S))
     callbacks.register("on_train_step_end", intervals.on_step_end)
-    callbacks.register("on_checkpoint_save", intervals.on_save)
     callbacks.register("on_train_start", intervals.on_train_start)
