@@ -117,9 +117,6 @@ class Launch:
         self.lines.append(line)
         return line[1]
 
-    def stop(self) -> None:
-        stop(self.process)
-
     def close(self) -> None:
         (self.directory / "console.log").write_text("".join(f"{at:9.2f}  {text}" for at, text in self.lines))
 
@@ -160,10 +157,10 @@ def run(
         left = None if timeout_s is None else max(0.0, deadline - time.monotonic())
         returncode: int | str = launch.process.wait(timeout=left)
     except subprocess.TimeoutExpired:
-        launch.stop()
+        stop(launch.process)
         returncode = f"timeout {timeout_s:g} s"
     except BaseException:
-        launch.stop()
+        stop(launch.process)
         raise
     finally:
         launch.close()
