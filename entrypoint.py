@@ -126,7 +126,7 @@ def resolve(args: argparse.Namespace) -> tuple[ConfigContainer, dict[str, object
     recipe = load_recipe(args.recipe)
     parsed = grammar.parse(args.assignments)
     cfg, applied = overrides.configured(recipe, parsed, outputs.run_dir(args.recipe))
-    defaults.apply(cfg, set(applied))  # local checkpoints, where on, on the node's SRUNSH_LOCAL_CKPT_DIR
+    defaults.apply(cfg, set(applied))  # async_save's strategy; local checkpoints on SRUNSH_LOCAL_CKPT_DIR
     checks.check_config(cfg, world_size(args))
     return cfg, applied
 
